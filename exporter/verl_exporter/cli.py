@@ -1,0 +1,125 @@
+"""Command line: argparse only; each subcommand hands over to the module that does the work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+
+from . import __version__
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML file with any of the settings below (flags win)")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="address to serve on (default 0.0.0.0:9477 + local rank; :PORT = all interfaces)")
+    p.add_argument("--rank", type=int, help="global rank (default $RANK); exported as label rank")
+    p.add_argument("--local-rank", type=int, help="rank on this node (default $LOCAL_RANK)")
+    p.add_argument("--run", help="run / experiment name; exported as label run")
+    p.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE",
+                   help="extra constant label on every series (repeatable)")
+    p.add_argument("--verl-log", metavar="PATH",
+                   help="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH of the trainer)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="verl's trainer.default_local_dir (checkpoints)")
+    p.add_argument("--spec", metavar="FILE", help="use this metric spec instead of the packaged one")
+    p.add_argument("--max-unmapped", type=int, help="cap on verl_unmapped_* series (default 100)")
+    p.add_argument("--poll-interval", type=float, help="seconds between file polls (default 0.1)")
+    p.add_argument("--recover-bytes", type=int, help="bytes of the log's tail read at start (default 8 MiB)")
+    p.add_argument("--max-line-bytes", type=int, help="longest line accepted (default 4 MiB)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-exporter", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"verl-exporter {__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the per-rank sidecar (/metrics, /healthz)")
+    _serve_flags(serve)
+
+    spec = sub.add_parser("spec", help="print the resolved metric spec (validates it)")
+    spec.add_argument("--spec", metavar="FILE", help="a spec file to check instead of the packaged one")
+    spec.add_argument("--json", action="store_true", help="machine-readable output")
+
+    demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) into a live sidecar")
+    demo.add_argument("--listen", default="127.0.0.1:9477", metavar="HOST:PORT")
+    demo.add_argument("--rate", type=float, default=10.0, help="steps replayed per second (default 10)")
+    demo.add_argument("--exit-after-replay", action="store_true",
+                      help="stop when the replay ends instead of serving until Ctrl-C")
+    return parser
+
+
+def _wait_for_signal() -> None:
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+
+
+def cmd_serve(args) -> int:
+    from .config import ConfigError, build_config, read_config_file
+    from .sidecar import Sidecar
+    from .spec import SpecError
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level", "func")}
+    try:
+        config = build_config(read_config_file(args.config), flags, origin=args.config or "flags")
+        sidecar = Sidecar(config)
+        sidecar.start()
+    except (ConfigError, SpecError) as e:
+        print(f"verl-exporter: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"verl-exporter: cannot listen on {args.listen or 'the default address'}: {e.strerror}",
+              file=sys.stderr)
+        return 2
+    _wait_for_signal()
+    sidecar.stop()
+    return 0
+
+
+def cmd_spec(args) -> int:
+    from .spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(f"verl-exporter: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump({"version": spec.version, "target_labels": list(spec.target_labels),
+                   "metrics": [m.as_dict() for m in spec.metrics]}, sys.stdout, indent=2)
+        print()
+        return 0
+    rows = []
+    for m in spec.metrics:
+        if m.sources:
+            feeds = ", ".join(s.pattern for s in m.sources)
+        else:
+            feeds = f"field:{m.field}" if m.field else f"collector:{m.collector}"
+        rows.append((m.name, m.type, m.unit or "-", m.layer, ",".join(m.labels) or "-", feeds))
+    widths = [max(len(r[i]) for r in rows + [("name", "type", "unit", "layer", "labels", "")])
+              for i in range(5)]
+    header = ("name", "type", "unit", "layer", "labels", "fed by")
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=False)) + "  " + row[5])
+    print(f"\n{len(spec.metrics)} metrics; target labels: {', '.join(spec.target_labels)}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(listen=args.listen, rate=args.rate, exit_after_replay=args.exit_after_replay)
+
+
+COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return COMMANDS[args.command](args)

@@ -1,0 +1,129 @@
+"""Sidecar settings: a YAML file (--config) overlaid by command-line flags, checked strictly.
+
+Every problem is reported at once, naming the setting. The result is a frozen dataclass.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .server import parse_listen
+from .sources.verl_file import DEFAULT_MAX_LINE_BYTES, DEFAULT_POLL_S, DEFAULT_RECOVER_BYTES
+from .spec import LABEL_NAME_RE, RESERVED_LABELS
+from .store import DEFAULT_MAX_UNMAPPED
+
+DEFAULT_PORT = 9477  # one sidecar per rank: the port is DEFAULT_PORT + local rank unless --listen says
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str], origin: str = "config"):
+        self.problems = problems
+        super().__init__(f"{origin}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
+    rank: int | None = None
+    local_rank: int | None = None
+    run: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    verl_log: str | None = None
+    checkpoint_dir: str | None = None
+    spec: str | None = None
+    max_unmapped: int = DEFAULT_MAX_UNMAPPED
+    poll_interval: float = DEFAULT_POLL_S
+    recover_bytes: int = DEFAULT_RECOVER_BYTES
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+    def const_labels(self, target_labels: tuple[str, ...] = ("run", "rank")) -> dict[str, str]:
+        """Labels put on every series: run and rank when set, then the user's --label pairs."""
+        out: dict[str, str] = {}
+        if self.run and "run" in target_labels:
+            out["run"] = self.run
+        if self.rank is not None and "rank" in target_labels:
+            out["rank"] = str(self.rank)
+        out.update(self.labels)
+        return out
+
+
+_KEYS = {f.name for f in fields(ServeConfig)}
+
+
+def read_config_file(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError([f"cannot read it: {e.strerror}"], path) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], path) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(["it must be a mapping of settings"], path)
+    unknown = sorted(set(doc) - _KEYS)
+    if unknown:
+        raise ConfigError([f"unknown setting(s) {unknown}; known: {sorted(_KEYS)}"], path)
+    return {k.replace("-", "_"): v for k, v in doc.items()}
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origin: str = "config") -> ServeConfig:
+    """Merge (flags win over the file, the file over the environment, that over defaults) and check."""
+    merged: dict[str, Any] = {"rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK")}
+    merged.update({k: v for k, v in file_values.items() if v is not None})
+    merged.update({k: v for k, v in flag_values.items() if v is not None and k in _KEYS})
+    problems: list[str] = []
+
+    for key in ("rank", "local_rank", "max_unmapped", "recover_bytes", "max_line_bytes"):
+        value = merged.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            problems.append(f"{key} must be a non-negative integer, got {value!r}")
+    if "poll_interval" in merged:
+        value = merged["poll_interval"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 10:
+            problems.append(f"poll_interval must be a number of seconds in [0.01, 10], got {value!r}")
+    if "listen" not in merged:
+        local = merged.get("local_rank")
+        merged["listen"] = f"0.0.0.0:{DEFAULT_PORT + (local if isinstance(local, int) else 0)}"
+    try:
+        parse_listen(str(merged["listen"]))
+    except ValueError as e:
+        problems.append(str(e))
+    labels = merged.get("labels") or {}
+    if isinstance(labels, list):  # from repeated --label k=v flags
+        pairs = {}
+        for item in labels:
+            k, sep, v = str(item).partition("=")
+            if not sep:
+                problems.append(f"--label takes KEY=VALUE, got {item!r}")
+            pairs[k] = v
+        labels = pairs
+    if not isinstance(labels, dict):
+        problems.append("labels must map label names to values")
+        labels = {}
+    for k in labels:
+        if not LABEL_NAME_RE.match(str(k)) or str(k).startswith("__") or k in RESERVED_LABELS:
+            problems.append(f"label name {k!r} is not allowed (reserved or not a Prometheus label name)")
+        if k in ("run", "rank"):
+            problems.append(f"label {k!r} is set by --{k}, not --label")
+    merged["labels"] = {str(k): str(v) for k, v in labels.items()}
+    for key in ("run", "verl_log", "checkpoint_dir", "spec"):
+        if merged.get(key) is not None:
+            merged[key] = str(merged[key])
+    if problems:
+        raise ConfigError(problems, origin)
+    return ServeConfig(**{k: v for k, v in merged.items() if k in _KEYS})

@@ -1,0 +1,86 @@
+"""``verl-exporter demo``: replay a bundled PPO run into a live sidecar, with no GPU and no verl.
+
+The bundled run (data/demo_run.jsonl.gz, made by scripts/make_demo_run.py) is written line by line, in
+verl's file-logger format, to a temporary file that a real sidecar follows, exactly as in production.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import tempfile
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+from .config import ServeConfig
+from .sidecar import Sidecar
+
+DEMO_RUN = "demo_run.jsonl.gz"
+
+
+def demo_lines() -> list[bytes]:
+    raw = resources.files("verl_exporter").joinpath("data", DEMO_RUN).read_bytes()
+    return [line + b"\n" for line in gzip.decompress(raw).splitlines() if line.strip()]
+
+
+def _nonfinite_steps(lines: list[bytes]) -> list[int]:
+    steps = []
+    for line in lines:
+        obj = json.loads(line)
+        if any(v is None for v in obj["data"].values()):
+            steps.append(obj["step"])
+    return steps
+
+
+def run_demo(listen: str = "127.0.0.1:9477", rate: float = 10.0, exit_after_replay: bool = False,
+             out=print) -> int:
+    lines = demo_lines()
+    bad_steps = _nonfinite_steps(lines)
+    workdir = Path(tempfile.mkdtemp(prefix="verl-exporter-demo-"))
+    log_path = workdir / "demo_run.jsonl"
+    sidecar = Sidecar(ServeConfig(listen=listen, run="demo", rank=0, verl_log=str(log_path)))
+    try:
+        sidecar.start()
+    except OSError as e:
+        out(f"verl-exporter demo: cannot listen on {listen}: {e.strerror} (try --listen 127.0.0.1:0)")
+        return 2
+    url = sidecar.server.url
+    out(f"""
+verl-exporter demo: replaying {len(lines)} steps of a PPO run at {rate:g} steps/s
+  verl file log : {log_path}
+  metrics       : {url}/metrics
+  health        : {url}/healthz
+Try, in another terminal:
+  curl -s {url}/metrics | grep -E '^verl_(training_step|actor_grad_norm|critic_score|timing_seconds)'
+  curl -s {url}/metrics | grep verl_training_nonfinite_values_total
+The run has an injected fault: the actor's gradient norm explodes, then is NaN (null in verl's log) at
+steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_values_total count them.
+""")
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    interval = 1.0 / rate if rate > 0 else 0.0
+    with open(log_path, "wb", buffering=0) as f:  # like verl's FileLogger
+        for line in lines:
+            if done.is_set():
+                break
+            f.write(line)
+            step = json.loads(line)["step"]
+            if step in bad_steps[:1]:
+                out(f"  step {step}: the fault begins (NaN gradient norm)")
+            if done.wait(interval):
+                break
+    time.sleep(max(0.3, 3 * sidecar.config.poll_interval))  # let the follower read the last lines
+    store = sidecar.store
+    nonfinite = store.nonfinite_counts()
+    parsed = sidecar.self_metrics.value("verl_exporter_lines_parsed_total", source="file")
+    out(f"replay finished: {parsed:g} lines parsed, latest step {store.step or 0:g}, NaN/Inf values counted: "
+        + (", ".join(f"{name}={count:g}" for name, count in sorted(nonfinite.items())) or "none"))
+    if not exit_after_replay and not done.is_set():
+        out(f"still serving {url}/metrics — Ctrl-C to stop")
+        done.wait()
+    sidecar.stop()
+    return 0

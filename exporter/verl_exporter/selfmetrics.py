@@ -1,0 +1,77 @@
+"""The sidecar's own health: counters and gauges declared in the spec with ``collector: exporter``.
+
+Every problem anywhere in the sidecar goes through ``problem()``: it is counted and logged, at most once a
+minute per component and kind, and never raised into the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from . import __version__
+from .spec import Spec
+
+log = logging.getLogger("verl_exporter")
+
+_LOG_EVERY_S = 60.0
+
+
+class SelfMetrics:
+    def __init__(self, spec: Spec, const_labels: dict[str, str] | None = None):
+        self._metrics = {m.name: m for m in spec.for_collector("exporter")}
+        self._values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self._metrics}
+        self._lock = threading.Lock()
+        self._last_logged: dict[tuple[str, str], float] = {}
+        self._const = dict(const_labels or {})
+        self.set("verl_exporter_build_info", 1, version=__version__)
+
+    def _key(self, name: str, labels: dict[str, str]) -> tuple[str, ...]:
+        metric = self._metrics[name]  # KeyError: a name the spec does not declare
+        return tuple(str(labels[label]) for label in metric.labels)
+
+    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        key = self._key(name, labels)
+        with self._lock:
+            series = self._values[name]
+            series[key] = series.get(key, 0.0) + amount
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        key = self._key(name, labels)
+        with self._lock:
+            self._values[name][key] = float(value)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one series (0 when never touched); for tests and health checks."""
+        key = self._key(name, labels)
+        with self._lock:
+            return self._values[name].get(key, 0.0)
+
+    def problem(self, component: str, kind: str, message: str, count: bool = True) -> None:
+        """Count a problem of a component and log it, rate-limited per (component, kind).
+
+        count=False for problems that have a counter of their own (rejected lines): log only.
+        """
+        if count:
+            self.inc("verl_exporter_source_errors_total", component=component)
+        now = time.monotonic()
+        last = self._last_logged.get((component, kind))
+        if last is None or now - last >= _LOG_EVERY_S:
+            self._last_logged[(component, kind)] = now
+            log.warning("%s: %s", component, message)
+
+    def collect(self):
+        with self._lock:
+            snapshot = {name: dict(series) for name, series in self._values.items()}
+        const_names = list(self._const)
+        const_values = list(self._const.values())
+        for name, metric in self._metrics.items():
+            cls = CounterMetricFamily if metric.type == "counter" else GaugeMetricFamily
+            family_name = name[: -len("_total")] if metric.type == "counter" else name
+            family = cls(family_name, metric.help, labels=list(metric.labels) + const_names)
+            for key, value in sorted(snapshot[name].items()):
+                family.add_metric(list(key) + const_values, value)
+            yield family

@@ -1,0 +1,120 @@
+"""The HTTP side: /metrics (Prometheus text or OpenMetrics, as the scraper asks), /healthz and /.
+
+The app knows no metric names: it serves a registry, asks a health callback, and times each scrape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from .selfmetrics import SelfMetrics
+
+log = logging.getLogger("verl_exporter")
+
+_INDEX = """<!doctype html><html><head><title>verl-exporter</title></head><body>
+<h1>verl-exporter</h1><p>{summary}</p>
+<ul><li><a href="metrics">/metrics</a></li><li><a href="healthz">/healthz</a></li></ul>
+</body></html>
+"""
+
+# A health callback returns (healthy, details); details go into the JSON body of /healthz.
+HealthFn = Callable[[], tuple[bool, dict]]
+
+
+class SafeCollector:
+    """Wraps a collector so that one failing collector costs its own series, never the whole scrape."""
+
+    def __init__(self, collector, component: str, self_metrics: SelfMetrics):
+        self._collector = collector
+        self._component = component
+        self._self = self_metrics
+
+    def collect(self):
+        try:
+            families = list(self._collector.collect())
+        except Exception as e:
+            self._self.problem(self._component, "collect", f"collect failed: {e!r}")
+            return []
+        return families
+
+
+def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: HealthFn, summary: str = ""):
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            started = time.perf_counter()
+            body = metrics_app(environ, start_response)
+            self_metrics.set("verl_exporter_last_scrape_duration_seconds", time.perf_counter() - started)
+            return body
+        if path == "/healthz":
+            healthy, details = health()
+            body = json.dumps({"status": "ok" if healthy else "failing", **details}, sort_keys=True).encode()
+            start_response("200 OK" if healthy else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        if path == "/":
+            body = _INDEX.format(summary=summary).encode()
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [body]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: try /metrics or /healthz\n"]
+
+    return app
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # one line per scrape would drown the sidecar's log
+        pass
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """HOST:PORT, :PORT (all interfaces) or [v6]:PORT."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class HttpServer:
+    """A threaded WSGI server on its own daemon thread; port 0 picks a free port."""
+
+    def __init__(self, app, listen: str):
+        host, port = parse_listen(listen)
+        server_class = _Server
+        if ":" in host:
+            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+        self._httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+        self.host, self.port = host, self._httpd.server_port
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="verl-exporter-http",
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> HttpServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,74 @@
+"""One sidecar: the spec, the stores, the sources and the HTTP server, wired together."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.process_collector import ProcessCollector
+
+from .config import ServeConfig
+from .selfmetrics import SelfMetrics
+from .server import HttpServer, SafeCollector, make_app
+from .sources.verl_file import VerlFileFollower
+from .spec import Spec, load_spec
+from .store import TrainingStore
+
+log = logging.getLogger("verl_exporter")
+
+
+class Sidecar:
+    def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape=None):
+        self.config = config
+        self.spec = spec or load_spec(config.spec)
+        labels = config.const_labels(self.spec.target_labels)
+        self.self_metrics = SelfMetrics(self.spec, labels)
+        self.store = TrainingStore(self.spec, self.self_metrics, labels, max_unmapped=config.max_unmapped)
+        self.registry = CollectorRegistry(auto_describe=False)
+        if before_scrape is not None:  # registered first: it runs before every other collector
+            self.registry.register(_BeforeScrape(before_scrape))
+        self.registry.register(SafeCollector(self.store, "training", self.self_metrics))
+        self.registry.register(SafeCollector(self.self_metrics, "exporter", self.self_metrics))
+        # client_python's standard process_* series: the sidecar's own CPU and memory.
+        ProcessCollector(registry=self.registry)
+        self.follower: VerlFileFollower | None = None
+        if config.verl_log:
+            self.follower = VerlFileFollower(
+                config.verl_log, self.store, self.self_metrics, poll_interval=config.poll_interval,
+                max_line_bytes=config.max_line_bytes, recover_bytes=config.recover_bytes)
+        self.server: HttpServer | None = None
+
+    def health(self) -> tuple[bool, dict]:
+        sources = {}
+        if self.follower:
+            sources["verl_log"] = {"path": self.follower.path, "state": self.follower.status()}
+        healthy = all(not s["state"].startswith("error") for s in sources.values())
+        return healthy, {"sources": sources, "step": self.store.step, "pid": os.getpid()}
+
+    def start(self) -> Sidecar:
+        summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={self.config.rank})."
+        app = make_app(self.registry, self.self_metrics, self.health, summary)
+        self.server = HttpServer(app, self.config.listen).start()
+        if self.follower:
+            self.follower.start()
+        log.info("verl-exporter serving on %s/metrics%s", self.server.url,
+                 f", following {self.config.verl_log}" if self.config.verl_log else "")
+        return self
+
+    def stop(self) -> None:
+        if self.follower:
+            self.follower.stop()
+        if self.server:
+            self.server.stop()
+
+
+class _BeforeScrape:
+    """A collector that yields nothing and runs a hook (e.g. the Monitor draining its queue)."""
+
+    def __init__(self, hook):
+        self._hook = hook
+
+    def collect(self):
+        self._hook()
+        return []

@@ -1,0 +1,148 @@
+"""The in-process API, for code that is not verl's file logger.
+
+``Monitor.log(data, step)`` has the signature of verl's tracking backends, so a Monitor can sit next to
+them; ``on_train_begin`` / ``on_batch_begin`` / ``on_batch_end(batch, logs)`` are the callback shape.
+
+The training thread only appends to a deque (atomic under the GIL, no lock, no I/O): mapping, rendering
+and writing happen on a worker thread, or on the scraping thread when it drains the queue first. If the
+worker falls behind, the oldest entries are dropped and counted; training never waits.
+
+Two ways to publish:
+- ``Monitor(listen="0.0.0.0:9478")`` serves /metrics from the training process itself;
+- ``Monitor(sidecar_file=PATH)`` appends lines in verl's file-logger format, for a ``verl-exporter serve
+  --verl-log PATH`` sidecar to follow (one data path, whatever writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import ServeConfig
+from ..selfmetrics import SelfMetrics
+
+SOURCE = "monitor"
+COMPONENT = "monitor"
+_WORKER_PERIOD_S = 0.2
+
+
+def _jsonable(value: Any) -> Any:
+    """verl's file logger writes NaN/Inf as null (orjson); keep that contract for the sidecar."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (int, str, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    try:
+        return _jsonable(float(value))  # numpy scalars, 0-d tensors
+    except (TypeError, ValueError, RuntimeError):
+        return str(value)
+
+
+class Monitor:
+    def __init__(self, *, listen: str | None = None, sidecar_file: str | None = None, run: str | None = None,
+                 rank: int | None = None, queue_size: int = 4096, spec=None):
+        if (listen is None) == (sidecar_file is None):
+            raise ValueError("Monitor needs exactly one of listen='HOST:PORT' or sidecar_file=PATH")
+        self._queue: deque = deque(maxlen=queue_size)
+        self._maxlen = queue_size
+        self._dropped = 0
+        self._drain_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sidecar = None
+        self._file = None
+        self._file_path = sidecar_file
+        if listen is not None:
+            from ..sidecar import Sidecar
+
+            self._sidecar = Sidecar(ServeConfig(listen=listen, run=run, rank=rank), spec=spec,
+                                    before_scrape=self.drain)
+            self._self: SelfMetrics = self._sidecar.self_metrics
+            self._self.inc("verl_exporter_lines_parsed_total", 0, source=SOURCE)
+            self._sidecar.start()
+        self._worker = threading.Thread(target=self._run, name="verl-exporter-monitor", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ the training thread's side
+    def log(self, data: Mapping, step: int | None = None, backend=None) -> None:
+        """Hand one step's metrics over. Never raises, never blocks, O(len(data)) for a shallow copy."""
+        try:
+            if len(self._queue) >= self._maxlen:
+                self._dropped += 1
+            self._queue.append((step, dict(data), time.time()))
+        except Exception:
+            self._dropped += 1
+
+    def on_train_begin(self, logs: Mapping | None = None) -> None:
+        if logs:
+            self.log(logs, step=None)
+
+    def on_batch_begin(self, batch: int | None = None, logs: Mapping | None = None) -> None:
+        """Nothing to record before a batch; present so Monitor fits the callback shape."""
+
+    def on_batch_end(self, batch: int, logs: Mapping | None = None) -> None:
+        if logs:
+            self.log(logs, step=batch)
+
+    @property
+    def url(self) -> str | None:
+        return self._sidecar.server.url if self._sidecar and self._sidecar.server else None
+
+    @property
+    def sidecar(self):
+        return self._sidecar
+
+    def close(self) -> None:
+        """Flush what is queued and stop the worker (and the endpoint, if any)."""
+        self._stop.set()
+        self._worker.join(timeout=5)
+        self.drain()
+        if self._file:
+            self._file.close()
+            self._file = None
+        if self._sidecar:
+            self._sidecar.stop()
+
+    finish = close  # verl's tracking backends are closed with finish()
+
+    # ------------------------------------------------------------------ the worker's side
+    def _run(self) -> None:
+        while not self._stop.wait(_WORKER_PERIOD_S):
+            self.drain()
+
+    def drain(self) -> None:
+        """Move everything queued into the store or the file. One drainer at a time keeps step order."""
+        with self._drain_lock:
+            try:
+                self._publish_drops()
+                while self._queue:
+                    step, data, seen_at = self._queue.popleft()
+                    if self._sidecar:
+                        self._sidecar.store.ingest(step, data, seen_at)
+                        self._self.inc("verl_exporter_lines_parsed_total", source=SOURCE)
+                    else:
+                        self._write_line(step, data)
+                if self._file:
+                    self._file.flush()
+            except Exception as e:  # monitoring never raises into training, nor kills its worker
+                if self._sidecar:
+                    self._self.problem(COMPONENT, "drain", f"could not publish a step: {e!r}")
+
+    def _publish_drops(self) -> None:
+        if self._sidecar and self._dropped:
+            dropped, self._dropped = self._dropped, 0
+            self._self.inc("verl_exporter_monitor_dropped_total", dropped)
+
+    def _write_line(self, step, data) -> None:
+        if self._file is None:
+            self._file = open(self._file_path, "ab")  # noqa: SIM115 - kept open across steps
+        line = json.dumps({"step": step, "data": _jsonable(data)}, separators=(",", ":"), allow_nan=False)
+        self._file.write(line.encode() + b"\n")

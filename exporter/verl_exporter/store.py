@@ -1,0 +1,185 @@
+"""The latest training values, fed by the sources and read by the scrape.
+
+``ingest()`` takes one logged step (verl's ``data`` dict) and maps each key through the spec; ``collect()``
+copies the values under a short lock and builds the metric families outside it, so a scrape never waits
+on a source for longer than one copy and a source never waits on a slow scraper.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .mapper import KeyMapper, unmapped_name
+from .selfmetrics import SelfMetrics
+from .spec import Spec
+
+DEFAULT_MAX_UNMAPPED = 100
+# Deeper nesting than this in a logged dict is not flattened further (a guard against cycles and abuse).
+_MAX_DEPTH = 8
+
+
+def flatten(data: Mapping, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """verl's dicts are flat; custom code may nest them: {"a": {"b": 1}} is exported as key "a/b"."""
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and depth < _MAX_DEPTH:
+            yield from flatten(value, full + "/", depth + 1)
+        else:
+            yield full, value
+
+
+def as_number(value: Any) -> float | str:
+    """The float a logged value stands for, or the reason it is not a number.
+
+    None is verl's NaN/Inf (orjson writes them as null) and becomes NaN: the signal must not vanish.
+    """
+    if value is None:
+        return math.nan
+    if isinstance(value, float):
+        return value
+    if isinstance(value, (bool, int)):
+        return float(value)
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, Mapping):
+        return "too_deep"
+    # numpy scalars and 0-d tensors; never reached on the training thread (see Monitor).
+    if hasattr(value, "__float__"):
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):
+            return "not_a_scalar"
+    return "other"
+
+
+class TrainingStore:
+    def __init__(self, spec: Spec, self_metrics: SelfMetrics, const_labels: dict[str, str] | None = None,
+                 max_unmapped: int = DEFAULT_MAX_UNMAPPED):
+        self._spec = spec
+        self._mapper = KeyMapper(spec)
+        self._self = self_metrics
+        self._const = dict(const_labels or {})
+        self._max_unmapped = max_unmapped
+        self._lock = threading.Lock()
+        # metric name -> {label values -> value}
+        self._series: dict[str, dict[tuple[str, ...], float]] = {}
+        # sanitised name -> (original key, value)
+        self._unmapped: dict[str, tuple[str, float]] = {}
+        self._nonfinite: dict[str, float] = {}
+        self._step: float | None = None
+        self._step_time: float | None = None
+        self._step_metric = spec.with_field("step")
+        self._step_time_metric = spec.with_field("step_time")
+        self._nonfinite_metric = spec.with_field("nonfinite")
+
+    # ------------------------------------------------------------------ writing
+    def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
+        """Record one logged step. Never raises on bad values: they are counted instead."""
+        with self._lock:
+            for key, raw in flatten(data):
+                value = as_number(raw)
+                if isinstance(value, str):
+                    self._self.inc("verl_exporter_values_rejected_total", reason=value)
+                    continue
+                self._put(str(key), value)
+            if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
+                self._step = float(step)
+                self._step_time = seen_at
+            elif step is not None:
+                self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
+
+    def _put(self, key: str, value: float) -> None:
+        resolved = self._mapper.resolve(key)
+        if resolved is None:
+            self._self.inc("verl_exporter_unmapped_values_total")
+            name = self._put_unmapped(key, value)
+        else:
+            name = resolved.metric.name
+            series = self._series.setdefault(name, {})
+            labels = resolved.label_values
+            if labels not in series and len(series) >= resolved.metric.max_series:
+                self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+                return
+            series[labels] = value * resolved.scale
+        if name is not None and not math.isfinite(value):
+            if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_metric.max_series:
+                self._nonfinite[name] = self._nonfinite.get(name, 0.0) + 1.0
+            else:
+                self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+
+    def _put_unmapped(self, key: str, value: float) -> str | None:
+        name = unmapped_name(key)
+        known = self._unmapped.get(name)
+        if known is None:
+            if len(self._unmapped) >= self._max_unmapped:
+                self._self.inc("verl_exporter_series_dropped_total", reason="unmapped_cap")
+                return None
+        elif known[0] != key:
+            # Two keys that sanitise to one name ("a/b" and "a.b"): the first one keeps it.
+            self._self.inc("verl_exporter_series_dropped_total", reason="name_clash")
+            return None
+        self._unmapped[name] = (key, value)
+        self._self.set("verl_exporter_unmapped_series", len(self._unmapped))
+        return name
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def step(self) -> float | None:
+        return self._step
+
+    @property
+    def step_time(self) -> float | None:
+        return self._step_time
+
+    def nonfinite_counts(self) -> dict[str, float]:
+        """NaN/Inf values counted so far, by metric name."""
+        with self._lock:
+            return dict(self._nonfinite)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """One exported value (None when absent); for tests and the demo's summary."""
+        with self._lock:
+            if name in self._spec:
+                metric = self._spec[name]
+                key = tuple(labels[label] for label in metric.labels)
+                return self._series.get(name, {}).get(key)
+            entry = self._unmapped.get(name)
+            return entry[1] if entry else None
+
+    def collect(self):
+        with self._lock:
+            series = {name: dict(values) for name, values in self._series.items()}
+            unmapped = dict(self._unmapped)
+            nonfinite = dict(self._nonfinite)
+            step, step_time = self._step, self._step_time
+        const_names, const_values = list(self._const), list(self._const.values())
+
+        def gauge(metric, rows):
+            family = GaugeMetricFamily(metric.name, metric.help, labels=list(metric.labels) + const_names)
+            for key, value in sorted(rows.items()):
+                family.add_metric(list(key) + const_values, value)
+            return family
+
+        if step is not None:
+            yield gauge(self._step_metric, {(): step})
+            yield gauge(self._step_time_metric, {(): step_time})
+        nf = self._nonfinite_metric
+        family = CounterMetricFamily(nf.name[: -len("_total")], nf.help, labels=list(nf.labels) + const_names)
+        for name, count in sorted(nonfinite.items()):
+            family.add_metric([name] + const_values, count)
+        yield family
+        for name in sorted(series):
+            yield gauge(self._spec[name], series[name])
+        for name in sorted(unmapped):
+            key, value = unmapped[name]
+            family = GaugeMetricFamily(name, f"Unmapped verl key {key!r} (no spec entry matches it).",
+                                       labels=const_names)
+            family.add_metric(const_values, value)
+            yield family
