@@ -8,7 +8,7 @@ which does that). The metric names and units follow verl's own computations
 (``compute_data_metrics``, ``compute_timing_metrics``, ``compute_throughout_metrics``
 and the actor / critic update metrics).
 
-Simulated setup: 1024 prompts per step (n=1), 4 GPUs, max response length 1024
+Simulated setup: 1280 prompts per step (n=1), 4 GPUs, max response length 1024
 tokens, 100 steps per epoch, validation every 20 steps (4 samples per prompt),
 a checkpoint every 50 steps.
 
@@ -71,7 +71,7 @@ FAULT = {
 }
 
 # Simulated run configuration.
-BATCH = 1024  # prompts (= responses, n=1) per step
+BATCH = 1280  # prompts (= responses, n=1) per step
 N_GPUS = 4
 MAX_RESPONSE_LEN = 1024
 MAX_PROMPT_LEN = 512
@@ -163,16 +163,16 @@ def generate(steps: int = DEFAULT_STEPS) -> list[dict]:
 
         # ---------------------------------------------------------------- timings (seconds)
         tok = total_tokens
-        gen = (10.0 + resp_tokens * 6.5e-5 + (4.0 if n_clip else 0.0) * (n_clip / 10.0)) * lognoise(0.04)
+        gen = (10.0 + resp_tokens * 5.2e-5 + (4.0 if n_clip else 0.0) * (n_clip / 10.0)) * lognoise(0.04)
         timing = {
             "gen": gen,
-            "reward": (0.75 + BATCH * 8.5e-4) * lognoise(0.08),
-            "old_log_prob": (0.8 + tok * 7.5e-6) * lognoise(0.04),
-            "ref": (0.8 + tok * 7.3e-6) * lognoise(0.04),
-            "values": (0.8 + tok * 7.6e-6) * lognoise(0.04),
-            "adv": (0.12 + tok * 4.0e-7) * lognoise(0.10),
-            "update_critic": (1.5 + tok * 1.9e-5) * lognoise(0.03),
-            "update_actor": (2.0 + tok * 2.1e-5) * lognoise(0.03),
+            "reward": (0.7 + BATCH * 7e-4) * lognoise(0.08),
+            "old_log_prob": (0.8 + tok * 6.0e-6) * lognoise(0.04),
+            "ref": (0.8 + tok * 5.85e-6) * lognoise(0.04),
+            "values": (0.8 + tok * 6.1e-6) * lognoise(0.04),
+            "adv": (0.12 + tok * 3.2e-7) * lognoise(0.10),
+            "update_critic": (1.5 + tok * 1.52e-5) * lognoise(0.03),
+            "update_actor": (2.0 + tok * 1.68e-5) * lognoise(0.03),
             "update_weights": 1.2 * lognoise(0.06),
         }
         if step % SAVE_EVERY == 0:

@@ -70,7 +70,7 @@ steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_val
             f.write(line)
             step = json.loads(line)["step"]
             if step in bad_steps[:1]:
-                out(f"  step {step}: the fault begins (NaN gradient norm)")
+                out(f"  step {step}: first NaN gradient norm (the explosion began a few steps earlier)")
             if done.wait(interval):
                 break
     time.sleep(max(0.3, 3 * sidecar.config.poll_interval))  # let the follower read the last lines

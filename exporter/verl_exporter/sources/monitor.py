@@ -33,8 +33,8 @@ _WORKER_PERIOD_S = 0.2
 
 def _jsonable(value: Any) -> Any:
     """verl's file logger writes NaN/Inf as null (orjson); keep that contract for the sidecar."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (int, str, bool)) or value is None:
@@ -42,9 +42,10 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     try:
-        return _jsonable(float(value))  # numpy scalars, 0-d tensors
+        number = float(value)  # numpy scalars, 0-d tensors
     except (TypeError, ValueError, RuntimeError):
         return str(value)
+    return number if math.isfinite(number) else None
 
 
 class Monitor:

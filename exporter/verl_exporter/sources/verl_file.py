@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -104,26 +105,34 @@ class VerlFileFollower:
         except OSError as e:
             self._fail("stat", f"cannot stat {self.path}: {e.strerror}")
             return
+        if not stat.S_ISREG(st.st_mode):
+            self._close()
+            self._fail("not_a_file", f"{self.path} is not a regular file")
+            return
+        try:
+            self._follow(st)
+        except OSError as e:  # e.g. an NFS hiccup: drop the handle, reopen on the next poll
+            self._close()
+            self._fail("read", f"cannot read {self.path}: {e.strerror}")
+            return
+        self._ok()
+
+    def _follow(self, st: os.stat_result) -> None:
         ident = (st.st_dev, st.st_ino)
         if self._fd is not None and ident != self._ident:
             self._read_available()
             self._close()
             self._reset("replaced")
-        if self._fd is None and not self._open(ident, st.st_size):
-            return
+        if self._fd is None:
+            self._open(ident, st.st_size)
         if st.st_size < self._offset or not self._same_head(st.st_size):
             self._reset("truncated")
         recovering = self._first_open
         self._first_open = False
         self._read_available(seen_at=st.st_mtime if recovering else None)
-        self._ok()
 
-    def _open(self, ident: tuple[int, int], size: int) -> bool:
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        except OSError as e:
-            self._fail("open", f"cannot open {self.path}: {e.strerror}")
-            return False
+    def _open(self, ident: tuple[int, int], size: int) -> None:
+        self._fd = os.open(self.path, os.O_RDONLY)
         self._ident = ident
         self._offset = 0
         self._buf.clear()
@@ -133,7 +142,6 @@ class VerlFileFollower:
             # Sidecar restart on a long run: only the tail matters for the latest values.
             self._offset = size - self._recover
             self._skipping = True  # the first (partial) line of the tail is not a whole line
-        return True
 
     def _close(self) -> None:
         if self._fd is not None:

@@ -226,7 +226,7 @@ def _check_name(where: str, name: str, mtype: str, unit: str, problems: list[str
         base = name[: -len("_total")] if mtype == "counter" else name
         if not base.endswith("_" + unit):
             problems.append(f"{where}: unit {unit!r} but the name does not end in _{unit}")
-    if name.endswith("_timestamp_seconds") and mtype != "gauge":
+    if name.removesuffix("_total").endswith("_timestamp_seconds") and mtype != "gauge":
         problems.append(f"{where}: a *_timestamp_seconds metric must be a gauge")
 
 

@@ -1,0 +1,124 @@
+"""Shared test helpers: real programs are required in CI and skipped (with the reason) elsewhere."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_tool(name: str) -> str:
+    """The path of a program the test needs: a missing one fails in CI, and is a skip elsewhere."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian: apt-get install prometheus prometheus-alertmanager)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, headers: dict | None = None, timeout: float = 5.0) -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted label pairs): value} from Prometheus text."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def sample(samples: dict, name: str, **labels) -> float | None:
+    """The value of the one sample with this name whose labels include these pairs."""
+    want = {k: str(v) for k, v in labels.items()}
+    hits = [v for (n, lab), v in samples.items() if n == name and want.items() <= dict(lab).items()]
+    assert len(hits) <= 1, f"{name}{labels} is ambiguous: {hits}"
+    return hits[0] if hits else None
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+class ServeProcess:
+    """A real `verl-exporter serve` subprocess on a free loopback port."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "verl_exporter", "serve", "--listen", f"127.0.0.1:{self.port}", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        wait_for(self._up, timeout=20)
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"serve exited: {self.proc.stdout.read().decode()}")
+        try:
+            return http_get(self.url + "/healthz", timeout=1)[0] in (200, 503)
+        except OSError:
+            return False
+
+    def metrics(self) -> dict:
+        status, _, body = http_get(self.url + "/metrics")
+        assert status == 200
+        return parse_metrics(body.decode())
+
+    def text(self) -> str:
+        return http_get(self.url + "/metrics")[2].decode()
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            out, _ = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return out.decode()
+
+
+@pytest.fixture
+def serve():
+    started = []
+
+    def start(*args, env=None):
+        p = ServeProcess(*args, env=env)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        if p.proc.poll() is None:
+            p.stop()

@@ -1,0 +1,162 @@
+"""The spec: the packaged one is valid, and each kind of bad spec fails naming the entry and the problem."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from verl_exporter.spec import SpecError, load_spec, parse_spec
+
+
+def good_doc() -> dict:
+    return {
+        "version": 1,
+        "target_labels": ["run", "rank"],
+        "metrics": [
+            {"name": "verl_x_seconds", "type": "gauge", "unit": "seconds", "help": "X.", "layer": "compute",
+             "labels": ["phase"], "source": [{"match": "timing_s/{phase}"}]},
+            {"name": "verl_y", "type": "gauge", "help": "Y.", "layer": "data", "field": "step"},
+            {"name": "verl_nf_total", "type": "counter", "help": "NF.", "layer": "fault",
+             "labels": ["metric"], "field": "nonfinite"},
+            {"name": "verl_ts_timestamp_seconds", "type": "gauge", "unit": "seconds", "help": "T.",
+             "layer": "data", "field": "step_time"},
+        ],
+    }
+
+
+def test_packaged_spec_loads_and_every_name_is_unique():
+    spec = load_spec()
+    names = [m.name for m in spec.metrics]
+    assert len(names) == len(set(names)) > 50
+    assert spec["verl_training_step"].field == "step"
+
+
+def test_good_doc_parses():
+    spec = parse_spec(good_doc())
+    m = spec["verl_x_seconds"]
+    assert m.labels == ("phase",) and m.sources[0].regex.fullmatch("timing_s/gen")
+
+
+def _mutate(path, value):
+    def apply(doc):
+        target = doc
+        for step in path[:-1]:
+            target = target[step]
+        if value is DELETE:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+        return doc
+    return apply
+
+
+DELETE = object()
+M0 = ("metrics", 0)
+
+BAD_CASES = [
+    # (id, mutation, fragment the message must contain)
+    ("not a mapping", lambda d: ["x"], "must be a mapping"),
+    ("bad version", _mutate(("version",), 2), "version must be 1"),
+    ("unknown top key", _mutate(("extra",), 1), "unknown top-level key"),
+    ("empty metrics", _mutate(("metrics",), []), "'metrics' must be a non-empty list"),
+    ("missing help", _mutate((*M0, "help"), DELETE), "missing required key(s) ['help']"),
+    ("empty help", _mutate((*M0, "help"), "  "), "help must be a non-empty sentence"),
+    ("bad type", _mutate((*M0, "type"), "summary"), "type must be one of"),
+    ("bad layer", _mutate((*M0, "layer"), "gpu"), "layer must be one of"),
+    ("unknown entry key", _mutate((*M0, "colour"), "red"), "unknown key(s) ['colour']"),
+    ("name without prefix", _mutate((*M0, "name"), "x_seconds"), "prefix verl_"),
+    ("upper-case name", _mutate((*M0, "name"), "verl_X_seconds"), "must match"),
+    ("unit not in name", _mutate((*M0, "unit"), "bytes"), "does not end in _bytes"),
+    ("unknown unit", _mutate((*M0, "unit"), "gigabytes"), "unknown unit 'gigabytes'"),
+    ("counter without _total", _mutate(("metrics", 2, "name"), "verl_nf"), "must end in _total"),
+    ("gauge with _total", _mutate(("metrics", 1, "name"), "verl_y_total"), "only counters end in _total"),
+    ("reserved unmapped prefix", _mutate(("metrics", 1, "name"), "verl_unmapped_y"), "reserved for unmapped"),
+    ("bad label name", _mutate((*M0, "labels"), ["0phase"]), "bad label name"),
+    ("reserved label", _mutate(("metrics", 2, "labels"), ["le"]), "reserved"),
+    ("target label as label", _mutate(("metrics", 2, "labels"), ["rank"]), "reserved"),
+    ("placeholder not declared", _mutate((*M0, "labels"), []), "gives labels ['phase'] but the metric declares []"),
+    ("declared label not captured", _mutate((*M0, "labels"), ["phase", "stat"]), "declares ['phase', 'stat']"),
+    ("two kinds of source", _mutate((*M0, "field"), "step"), "exactly one of source, field or collector"),
+    ("no source at all", _mutate((*M0, "source"), DELETE), "exactly one of source, field or collector"),
+    ("match and regex", _mutate((*M0, "source"), [{"match": "a/{phase}", "regex": "a/(?P<phase>.+)"}]),
+     "exactly one of 'match' or 'regex'"),
+    ("regex does not compile", _mutate((*M0, "source"), [{"regex": "a/(?P<phase>.+"}]), "does not compile"),
+    ("regex without group", _mutate((*M0, "source"), [{"regex": "a/b", "labels": {"phase": "x"}}]),
+     "has no named group"),
+    ("unknown convert", _mutate((*M0, "source"), [{"match": "a/{phase}", "convert": "gb_to_bytes"}]),
+     "unknown convert 'gb_to_bytes'"),
+    ("zero scale", _mutate((*M0, "source"), [{"match": "a/{phase}", "scale": 0}]), "non-zero number"),
+    ("convert and scale", _mutate((*M0, "source"), [{"match": "a/{phase}", "scale": 2, "convert": "ms_to_seconds"}]),
+     "not both"),
+    ("values for unknown placeholder", _mutate((*M0, "source"), [{"match": "a/{phase}", "values": {"x": ["a"]}}]),
+     "does not capture"),
+    ("unknown source key", _mutate((*M0, "source"), [{"match": "a/{phase}", "drop": True}]), "unknown source key"),
+    ("unknown field", _mutate(("metrics", 1, "field"), "epoch"), "field must be one of"),
+    ("bad max_series", _mutate((*M0, "max_series"), 0), "max_series must be a positive integer"),
+    ("alerts not a list", _mutate((*M0, "alerts"), {"expr": "x"}), "alerts must be a list of mappings"),
+    ("duplicate name", lambda d: {**d, "metrics": d["metrics"] + [copy.deepcopy(d["metrics"][1])]},
+     "declared twice"),
+    ("one literal key feeds two metrics", lambda d: {**d, "metrics": d["metrics"] + [
+        {"name": "verl_a", "type": "gauge", "help": "A.", "layer": "data", "source": [{"match": "k/a"}]},
+        {"name": "verl_b", "type": "gauge", "help": "B.", "layer": "data", "source": [{"match": "k/a"}]}]},
+     "already feeds 'verl_a'"),
+    ("timestamp counter", lambda d: {**d, "metrics": d["metrics"] + [
+        {"name": "verl_t_timestamp_seconds_total", "type": "counter", "unit": "seconds", "help": "T.",
+         "layer": "data", "collector": "x"}]}, "must be a gauge"),
+]
+
+
+@pytest.mark.parametrize("case_id,mutate,fragment", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_spec_is_rejected_with_a_message_naming_the_problem(case_id, mutate, fragment):
+    doc = mutate(copy.deepcopy(good_doc()))
+    with pytest.raises(SpecError) as err:
+        parse_spec(doc, origin="test.yaml")
+    assert fragment in str(err.value), str(err.value)
+    assert str(err.value).startswith("test.yaml:")
+
+
+def test_problems_of_several_entries_are_reported_together():
+    doc = good_doc()
+    doc["metrics"][0]["type"] = "histogram"
+    doc["metrics"][1]["layer"] = "nowhere"
+    with pytest.raises(SpecError) as err:
+        parse_spec(doc)
+    assert len(err.value.problems) == 2
+    assert "metric 'verl_x_seconds'" in err.value.problems[0]
+    assert "metric 'verl_y'" in err.value.problems[1]
+
+
+def test_spec_file_errors_are_clear(tmp_path):
+    with pytest.raises(SpecError, match="cannot read the spec"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("metrics: [\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+
+
+def test_spec_command_prints_a_table_and_json(tmp_path):
+    table = subprocess.run([sys.executable, "-m", "verl_exporter", "spec"], capture_output=True, text=True,
+                           check=True).stdout
+    assert "verl_timing_seconds" in table and "timing_s/{phase}" in table
+    out = subprocess.run([sys.executable, "-m", "verl_exporter", "spec", "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    doc = json.loads(out)
+    by_name = {m["name"]: m for m in doc["metrics"]}
+    assert by_name["verl_perf_max_memory_allocated_bytes"]["source"][0]["scale"] == 1024**3
+    assert by_name["verl_timing_per_token_seconds"]["source"][0]["scale"] == pytest.approx(1e-3)
+
+
+def test_spec_command_rejects_a_bad_spec_file(tmp_path):
+    doc = good_doc()
+    doc["metrics"][0]["unit"] = "bytes"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run([sys.executable, "-m", "verl_exporter", "spec", "--spec", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "metric 'verl_x_seconds': unit 'bytes' but the name does not end in _bytes" in proc.stderr

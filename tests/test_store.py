@@ -1,0 +1,124 @@
+"""The training store: values, NaN, non-numeric values, caps on cardinality, exposition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import parse_metrics, sample
+from prometheus_client import CollectorRegistry, generate_latest
+from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.spec import load_spec
+from verl_exporter.store import TrainingStore, as_number
+
+
+@pytest.fixture
+def parts():
+    spec = load_spec()
+    sm = SelfMetrics(spec, {"run": "r", "rank": "0"})
+    store = TrainingStore(spec, sm, {"run": "r", "rank": "0"}, max_unmapped=3)
+    registry = CollectorRegistry()
+    registry.register(store)
+    registry.register(sm)
+    return store, sm, registry
+
+
+def scrape(registry):
+    return parse_metrics(generate_latest(registry).decode())
+
+
+@pytest.mark.parametrize("raw,expected", [
+    (1, 1.0), (2.5, 2.5), (True, 1.0), (False, 0.0), ("0.5", "string"), ([1, 2], "list"), ({"a": 1}, "too_deep"),
+    (object(), "other"),
+])
+def test_as_number(raw, expected):
+    assert as_number(raw) == expected
+
+
+def test_null_is_nan_and_counted(parts):
+    store, sm, registry = parts
+    store.ingest(1, {"actor/grad_norm": 0.5}, 100.0)
+    store.ingest(2, {"actor/grad_norm": None, "critic/score/mean": float("inf")}, 101.0)
+    m = scrape(registry)
+    assert math.isnan(sample(m, "verl_actor_grad_norm"))
+    assert sample(m, "verl_critic_score", stat="mean") == math.inf
+    assert sample(m, "verl_training_nonfinite_values_total", metric="verl_actor_grad_norm") == 1
+    assert sample(m, "verl_training_nonfinite_values_total", metric="verl_critic_score") == 1
+    assert sample(m, "verl_training_step") == 2
+    assert sample(m, "verl_training_last_step_timestamp_seconds") == 101.0
+    # A later finite value replaces the NaN; the counter keeps the history.
+    store.ingest(3, {"actor/grad_norm": 0.4}, 102.0)
+    m = scrape(registry)
+    assert sample(m, "verl_actor_grad_norm") == 0.4
+    assert sample(m, "verl_training_nonfinite_values_total", metric="verl_actor_grad_norm") == 1
+
+
+def test_units_are_converted_and_constant_labels_added(parts):
+    store, _, registry = parts
+    store.ingest(1, {"perf/max_memory_allocated_gb": 2, "timing_per_token_ms/gen": 5}, 1.0)
+    m = scrape(registry)
+    assert sample(m, "verl_perf_max_memory_allocated_bytes", run="r", rank="0") == 2 * 1024**3
+    assert sample(m, "verl_timing_per_token_seconds", phase="gen") == pytest.approx(0.005)
+
+
+def test_non_numeric_values_are_counted_not_exported(parts):
+    store, sm, registry = parts
+    store.ingest(1, {"note": "hello", "hist": [1, 2], "actor/lr": 1e-6}, 1.0)
+    assert sm.value("verl_exporter_values_rejected_total", reason="string") == 1
+    assert sm.value("verl_exporter_values_rejected_total", reason="list") == 1
+    assert sample(scrape(registry), "verl_actor_learning_rate") == 1e-6
+
+
+def test_nested_dicts_are_flattened(parts):
+    store, _, registry = parts
+    store.ingest(1, {"timing_s": {"gen": 3.0}, "actor": {"grad_norm": 0.2}}, 1.0)
+    m = scrape(registry)
+    assert sample(m, "verl_timing_seconds", phase="gen") == 3.0
+    assert sample(m, "verl_actor_grad_norm") == 0.2
+
+
+def test_unmapped_keys_are_exported_up_to_the_cap(parts):
+    store, sm, registry = parts
+    store.ingest(1, {f"custom/k{i}": i for i in range(5)}, 1.0)
+    m = scrape(registry)
+    names = {n for (n, _) in m if n.startswith("verl_unmapped_")}
+    assert names == {"verl_unmapped_custom_k0", "verl_unmapped_custom_k1", "verl_unmapped_custom_k2"}
+    assert sm.value("verl_exporter_series_dropped_total", reason="unmapped_cap") == 2
+    assert sm.value("verl_exporter_unmapped_series") == 3
+    assert sm.value("verl_exporter_unmapped_values_total") == 5
+    # Known unmapped names keep updating once the cap is reached.
+    store.ingest(2, {"custom/k0": 42}, 2.0)
+    assert store.value("verl_unmapped_custom_k0") == 42
+
+
+def test_name_clash_between_unmapped_keys_keeps_the_first(parts):
+    store, sm, _ = parts
+    store.ingest(1, {"a/b": 1, "a.b": 2}, 1.0)
+    assert store.value("verl_unmapped_a_b") == 1
+    assert sm.value("verl_exporter_series_dropped_total", reason="name_clash") == 1
+
+
+def test_free_form_labels_are_capped_by_max_series(parts):
+    store, sm, registry = parts
+    cap = load_spec()["verl_validation_score"].max_series
+    store.ingest(1, {f"val-core/ds{i}/reward/mean@4": 0.5 for i in range(cap + 7)}, 1.0)
+    m = scrape(registry)
+    got = [k for k in m if k[0] == "verl_validation_score"]
+    assert len(got) == cap
+    assert sm.value("verl_exporter_series_dropped_total", reason="series_cap") == 7
+
+
+def test_bad_step_is_counted_and_the_data_kept(parts):
+    store, sm, registry = parts
+    store.ingest("seven", {"actor/lr": 1.0}, 1.0)
+    assert store.step is None
+    assert sm.value("verl_exporter_values_rejected_total", reason="bad_step") == 1
+    assert sample(scrape(registry), "verl_actor_learning_rate") == 1.0
+
+
+def test_exposition_passes_the_client_parser_with_every_metric_kind(parts):
+    store, _, registry = parts
+    store.ingest(1, {"actor/grad_norm": None, "custom/x": 1, "timing_s/gen": 2}, 1.0)
+    text = generate_latest(registry).decode()
+    assert "# TYPE verl_training_nonfinite_values_total counter" in text
+    assert "# HELP verl_unmapped_custom_x Unmapped verl key 'custom/x'" in text

@@ -1,0 +1,249 @@
+"""Following verl's file logger through everything real files do."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.sources.verl_file import VerlFileFollower
+from verl_exporter.spec import load_spec
+from verl_exporter.store import TrainingStore
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def line(step, **data) -> bytes:
+    return json.dumps({"step": step, "data": data}).encode() + b"\n"
+
+
+@pytest.fixture
+def make(tmp_path):
+    spec = load_spec()
+
+    def build(name="run.jsonl", **kw):
+        sm = SelfMetrics(spec)
+        store = TrainingStore(spec, sm)
+        path = tmp_path / name
+        clock = Clock()
+        follower = VerlFileFollower(str(path), store, sm, clock=clock, **kw)
+        return path, follower, store, sm, clock
+
+    return build
+
+
+def test_file_not_existing_yet_is_waiting_and_healthy(make):
+    path, f, store, sm, _ = make()
+    f.poll()
+    assert f.status() == "waiting"
+    assert sm.value("verl_exporter_source_up", source="file") == 1
+    path.write_bytes(line(1, **{"actor/grad_norm": 0.3}))
+    f.poll()
+    assert f.status() == "ok"
+    assert store.value("verl_actor_grad_norm") == 0.3
+
+
+def test_appended_lines_are_read_in_order(make):
+    path, f, store, sm, clock = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    f.poll()
+    with open(path, "ab") as fh:
+        fh.write(line(2, **{"actor/lr": 2.0}) + line(3, **{"actor/lr": 3.0}))
+    clock.now = 2000.0
+    f.poll()
+    assert store.value("verl_actor_learning_rate") == 3.0
+    assert store.step == 3 and store.step_time == 2000.0
+    assert sm.value("verl_exporter_lines_parsed_total", source="file") == 3
+
+
+def test_partial_last_line_waits_for_its_newline(make):
+    path, f, store, _, _ = make()
+    whole = line(1, **{"actor/lr": 5.0})
+    path.write_bytes(whole[:20])
+    f.poll()
+    assert store.step is None
+    with open(path, "ab") as fh:
+        fh.write(whole[20:])
+    f.poll()
+    assert store.step == 1 and store.value("verl_actor_learning_rate") == 5.0
+
+
+def test_truncation_by_a_restarted_run_is_detected(make):
+    path, f, store, sm, _ = make()
+    path.write_bytes(b"".join(line(s, **{"actor/lr": float(s)}) for s in range(1, 6)))
+    f.poll()
+    assert store.step == 5
+    with open(path, "wb") as fh:  # verl opens with "wb"
+        fh.write(line(1, **{"actor/lr": 0.5}))
+    f.poll()
+    assert store.step == 1 and store.value("verl_actor_learning_rate") == 0.5
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
+
+
+def test_truncate_and_regrow_past_our_offset_between_polls_is_detected(make):
+    path, f, store, sm, _ = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    f.poll()
+    # The restarted run writes more than we had read before we look again.
+    with open(path, "wb") as fh:
+        fh.write(b"".join(line(s, **{"actor/lr": 100.0 + s}) for s in range(50, 55)))
+    f.poll()
+    assert store.step == 54 and store.value("verl_actor_learning_rate") == 154.0
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="malformed_json") == 0
+
+
+def test_replacement_reads_the_old_file_to_its_end_then_the_new_one(make):
+    path, f, store, sm, _ = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    f.poll()
+    with open(path, "ab") as fh:
+        fh.write(line(2, **{"actor/grad_norm": 2.0}))
+    os.rename(path, str(path) + ".1")  # rotated away, then a new file appears
+    path.write_bytes(line(3, **{"actor/lr": 3.0}))
+    f.poll()
+    assert store.value("verl_actor_grad_norm") == 2.0  # the old file's last line was not lost
+    assert store.step == 3 and store.value("verl_actor_learning_rate") == 3.0
+    assert sm.value("verl_exporter_source_resets_total", reason="replaced") == 1
+
+
+def test_deleted_file_goes_back_to_waiting(make):
+    path, f, store, _, _ = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    f.poll()
+    path.unlink()
+    f.poll()
+    assert f.status() == "waiting" and store.step == 1
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (b"this is not json\n", "malformed_json"),
+    (b'{"step": 1, "data": {"a": \n', "malformed_json"),
+    (b"\xff\xfe\x00garbage\n", "malformed_json"),
+    (b"[1, 2, 3]\n", "not_an_object"),
+    (b'{"step": 1}\n', "no_data"),
+    (b'{"step": 1, "data": [1]}\n', "no_data"),
+])
+def test_bad_lines_are_rejected_by_reason_and_lose_nothing_around_them(make, bad, reason):
+    path, f, store, sm, _ = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}) + bad + line(2, **{"actor/grad_norm": 0.7}))
+    f.poll()
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason=reason) == 1
+    assert store.value("verl_actor_learning_rate") == 1.0
+    assert store.value("verl_actor_grad_norm") == 0.7 and store.step == 2
+
+
+def test_blank_lines_are_ignored(make):
+    path, f, store, sm, _ = make()
+    path.write_bytes(b"\n  \n" + line(1, **{"actor/lr": 1.0}))
+    f.poll()
+    assert store.step == 1
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="malformed_json") == 0
+
+
+def test_null_values_become_nan(make):
+    path, f, store, _, _ = make()
+    path.write_bytes(b'{"step":7,"data":{"actor/grad_norm":null,"actor/pg_loss":0.1}}\n')
+    f.poll()
+    assert math.isnan(store.value("verl_actor_grad_norm"))
+    assert store.nonfinite_counts() == {"verl_actor_grad_norm": 1.0}
+
+
+def test_very_long_lines_are_rejected_with_bounded_memory(make):
+    path, f, store, sm, _ = make(max_line_bytes=1000)
+    huge = json.dumps({"step": 1, "data": {"x": "y" * 50_000}}).encode() + b"\n"
+    path.write_bytes(huge + line(2, **{"actor/lr": 2.0}))
+    f.poll()
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="too_long") == 1
+    assert store.step == 2
+    assert len(f._buf) == 0
+
+
+def test_a_long_line_arriving_in_pieces_is_skipped_to_its_end(make):
+    path, f, store, sm, _ = make(max_line_bytes=100)
+    path.write_bytes(b'{"step": 1, "data": {"x": "' + b"z" * 150)
+    f.poll()
+    assert len(f._buf) <= 100
+    with open(path, "ab") as fh:
+        fh.write(b"z" * 500 + b'"}}\n' + line(2, **{"actor/lr": 2.0}))
+    f.poll()
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="too_long") == 1
+    assert store.step == 2
+
+
+def test_sidecar_restart_recovers_latest_values_from_the_tail_with_file_mtime(make):
+    path, f, store, sm, clock = make(recover_bytes=2000)
+    lines = [line(s, **{"actor/lr": float(s), "timing_s/gen": 1.0}) for s in range(1, 500)]
+    path.write_bytes(b"".join(lines))
+    os.utime(path, (1234.0, 1234.0))
+    f.poll()
+    assert store.step == 499 and store.value("verl_actor_learning_rate") == 499.0
+    parsed = sm.value("verl_exporter_lines_parsed_total", source="file")
+    assert 0 < parsed < 100  # only the tail was read, not from step 0
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="malformed_json") == 0
+    assert store.step_time == 1234.0  # a dead trainer must not look freshly alive
+    with open(path, "ab") as fh:
+        fh.write(line(500, **{"actor/lr": 500.0}))
+    clock.now = 5000.0
+    f.poll()
+    assert store.step_time == 5000.0
+
+
+def test_unreadable_file_is_an_error_counted_and_recovered(make):
+    if os.geteuid() == 0:
+        # root reads anything; a directory at the path gives the same kind of error.
+        path, f, store, sm, _ = make()
+        path.mkdir()
+        f.poll()
+        f.poll()
+        assert f.status().startswith("error")
+        assert sm.value("verl_exporter_source_up", source="file") == 0
+        assert sm.value("verl_exporter_source_errors_total", component="verl_file") >= 1
+        path.rmdir()
+    else:
+        path, f, store, sm, _ = make()
+        path.write_bytes(line(1, **{"actor/lr": 1.0}))
+        path.chmod(0)
+        f.poll()
+        assert f.status().startswith("error")
+        assert sm.value("verl_exporter_source_errors_total", component="verl_file") >= 1
+        path.chmod(0o644)
+        path.unlink()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    f.poll()
+    assert f.status() == "ok" and store.step == 1
+    assert sm.value("verl_exporter_source_up", source="file") == 1
+
+
+def test_the_thread_survives_unexpected_errors(make, monkeypatch):
+    import time
+
+    path, f, store, sm, _ = make(poll_interval=0.01)
+    calls = {"n": 0}
+    original = f.poll
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        original()
+
+    monkeypatch.setattr(f, "poll", flaky)
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    f.start()
+    try:
+        deadline = time.monotonic() + 5
+        while store.step is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        f.stop()
+    assert store.step == 1
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 1
