@@ -122,3 +122,10 @@ def test_exposition_passes_the_client_parser_with_every_metric_kind(parts):
     text = generate_latest(registry).decode()
     assert "# TYPE verl_training_nonfinite_values_total counter" in text
     assert "# HELP verl_unmapped_custom_x Unmapped verl key 'custom/x'" in text
+
+
+def test_non_string_keys_are_exported_under_their_text(parts):
+    store, _, _ = parts
+    store.ingest(1, {7: 1.5, ("a", "b"): 2.0}, 1.0)
+    assert store.value("verl_unmapped_7") == 1.5
+    assert store.value("verl_unmapped_a_b") == 2.0

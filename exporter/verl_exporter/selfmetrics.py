@@ -10,9 +10,8 @@ import logging
 import threading
 import time
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from . import __version__
+from .families import family
 from .spec import Spec
 
 log = logging.getLogger("verl_exporter")
@@ -66,12 +65,5 @@ class SelfMetrics:
     def collect(self):
         with self._lock:
             snapshot = {name: dict(series) for name, series in self._values.items()}
-        const_names = list(self._const)
-        const_values = list(self._const.values())
         for name, metric in self._metrics.items():
-            cls = CounterMetricFamily if metric.type == "counter" else GaugeMetricFamily
-            family_name = name[: -len("_total")] if metric.type == "counter" else name
-            family = cls(family_name, metric.help, labels=list(metric.labels) + const_names)
-            for key, value in sorted(snapshot[name].items()):
-                family.add_metric(list(key) + const_values, value)
-            yield family
+            yield family(metric, snapshot[name], self._const)

@@ -12,8 +12,9 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
+from .families import family
 from .mapper import KeyMapper, unmapped_name
 from .selfmetrics import SelfMetrics
 from .spec import Spec
@@ -23,7 +24,7 @@ DEFAULT_MAX_UNMAPPED = 100
 _MAX_DEPTH = 8
 
 
-def flatten(data: Mapping, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
+def flatten(data: Mapping, prefix: str = "", depth: int = 1) -> Iterator[tuple[str, Any]]:
     """verl's dicts are flat; custom code may nest them: {"a": {"b": 1}} is exported as key "a/b"."""
     for key, value in data.items():
         full = f"{prefix}{key}"
@@ -83,17 +84,27 @@ class TrainingStore:
     def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
         """Record one logged step. Never raises on bad values: they are counted instead."""
         with self._lock:
-            for key, raw in flatten(data):
-                value = as_number(raw)
-                if isinstance(value, str):
-                    self._self.inc("verl_exporter_values_rejected_total", reason=value)
-                    continue
-                self._put(str(key), value)
+            for key, raw in data.items():
+                # Fast path first: verl's values are floats and ints; flatten only what is nested.
+                if type(raw) is float and type(key) is str:
+                    self._put(key, raw)
+                elif isinstance(raw, Mapping):
+                    for sub_key, sub_raw in flatten(raw, f"{key}/"):
+                        self._put_raw(sub_key, sub_raw)
+                else:
+                    self._put_raw(key, raw)
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 self._step = float(step)
                 self._step_time = seen_at
             elif step is not None:
                 self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
+
+    def _put_raw(self, key: Any, raw: Any) -> None:
+        value = as_number(raw)
+        if isinstance(value, str):
+            self._self.inc("verl_exporter_values_rejected_total", reason=value)
+        else:
+            self._put(str(key), value)
 
     def _put(self, key: str, value: float) -> None:
         resolved = self._mapper.resolve(key)
@@ -102,17 +113,24 @@ class TrainingStore:
             name = self._put_unmapped(key, value)
         else:
             name = resolved.metric.name
-            series = self._series.setdefault(name, {})
+            series = self._series.get(name)
+            if series is None:
+                series = self._series[name] = {}
             labels = resolved.label_values
             if labels not in series and len(series) >= resolved.metric.max_series:
                 self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
                 return
-            series[labels] = value * resolved.scale
-        if name is not None and not math.isfinite(value):
-            if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_metric.max_series:
-                self._nonfinite[name] = self._nonfinite.get(name, 0.0) + 1.0
-            else:
-                self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+            series[labels] = value * resolved.scale if resolved.scale != 1.0 else value
+        if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
+            self._count_nonfinite(name)
+
+    def _count_nonfinite(self, name: str | None) -> None:
+        if name is None:
+            return
+        if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_metric.max_series:
+            self._nonfinite[name] = self._nonfinite.get(name, 0.0) + 1.0
+        else:
+            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
 
     def _put_unmapped(self, key: str, value: float) -> str | None:
         name = unmapped_name(key)
@@ -159,27 +177,16 @@ class TrainingStore:
             unmapped = dict(self._unmapped)
             nonfinite = dict(self._nonfinite)
             step, step_time = self._step, self._step_time
-        const_names, const_values = list(self._const), list(self._const.values())
-
-        def gauge(metric, rows):
-            family = GaugeMetricFamily(metric.name, metric.help, labels=list(metric.labels) + const_names)
-            for key, value in sorted(rows.items()):
-                family.add_metric(list(key) + const_values, value)
-            return family
-
         if step is not None:
-            yield gauge(self._step_metric, {(): step})
-            yield gauge(self._step_time_metric, {(): step_time})
-        nf = self._nonfinite_metric
-        family = CounterMetricFamily(nf.name[: -len("_total")], nf.help, labels=list(nf.labels) + const_names)
-        for name, count in sorted(nonfinite.items()):
-            family.add_metric([name] + const_values, count)
-        yield family
+            yield family(self._step_metric, {(): step}, self._const)
+            yield family(self._step_time_metric, {(): step_time}, self._const)
+        yield family(self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}, self._const)
         for name in sorted(series):
-            yield gauge(self._spec[name], series[name])
+            yield family(self._spec[name], series[name], self._const)
+        const_names, const_values = list(self._const), list(self._const.values())
         for name in sorted(unmapped):
             key, value = unmapped[name]
-            family = GaugeMetricFamily(name, f"Unmapped verl key {key!r} (no spec entry matches it).",
-                                       labels=const_names)
-            family.add_metric(const_values, value)
-            yield family
+            fam = GaugeMetricFamily(name, f"Unmapped verl key {key!r} (no spec entry matches it).",
+                                    labels=const_names)
+            fam.add_metric(const_values, value)
+            yield fam

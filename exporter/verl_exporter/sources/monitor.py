@@ -55,7 +55,9 @@ class Monitor:
             raise ValueError("Monitor needs exactly one of listen='HOST:PORT' or sidecar_file=PATH")
         self._queue: deque = deque(maxlen=queue_size)
         self._maxlen = queue_size
+        # Written by the training thread only; the worker publishes the difference (no lost increments).
         self._dropped = 0
+        self._dropped_published = 0
         self._drain_lock = threading.Lock()
         self._stop = threading.Event()
         self._sidecar = None
@@ -138,9 +140,10 @@ class Monitor:
                     self._self.problem(COMPONENT, "drain", f"could not publish a step: {e!r}")
 
     def _publish_drops(self) -> None:
-        if self._sidecar and self._dropped:
-            dropped, self._dropped = self._dropped, 0
-            self._self.inc("verl_exporter_monitor_dropped_total", dropped)
+        dropped = self._dropped
+        if self._sidecar and dropped != self._dropped_published:
+            self._self.inc("verl_exporter_monitor_dropped_total", dropped - self._dropped_published)
+            self._dropped_published = dropped
 
     def _write_line(self, step, data) -> None:
         if self._file is None:

@@ -22,7 +22,8 @@ TYPES = ("gauge", "counter")
 LAYERS = ("data", "compute", "resource", "fault", "exporter")
 FIELDS = ("step", "step_time", "nonfinite")
 # Base units a name may end with (Prometheus conventions: seconds, bytes, ratios 0-1).
-UNITS = ("", "seconds", "bytes", "ratio", "tokens", "tokens_per_second", "joules", "watts", "celsius", "hertz")
+UNITS = ("", "seconds", "bytes", "ratio", "tokens", "tokens_per_second", "bytes_per_second", "joules", "watts",
+         "celsius", "hertz")
 CONVERSIONS = {
     "gib_to_bytes": 1024.0**3,
     "mib_to_bytes": 1024.0**2,
