@@ -29,6 +29,28 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-interval", type=float, help="seconds between file polls (default 0.1)")
     p.add_argument("--recover-bytes", type=int, help="bytes of the log's tail read at start (default 8 MiB)")
     p.add_argument("--max-line-bytes", type=int, help="longest line accepted (default 4 MiB)")
+    g = p.add_argument_group("resource collectors")
+    g.add_argument("--interval", type=float, help="seconds between collector samples (default 2)")
+    g.add_argument("--slow-interval", type=float,
+                   help="seconds between costly reads: energy, checkpoint size and hashes (default 30)")
+    g.add_argument("--gpus", help="GPUs of this rank: auto (CUDA_VISIBLE_DEVICES + local rank), all, or "
+                                  "a comma-separated list of NVML indices / GPU UUIDs (default auto)")
+    g.add_argument("--gpu-pcie-throughput", action="store_true", default=None,
+                   help="also read PCIe throughput (about 20 ms per GPU per read, on the slow cadence)")
+    g.add_argument("--trainer-pid", type=int,
+                   help="the trainer's pid: its process tree is role=trainer on the GPU, and its RSS is exported")
+    g.add_argument("--watch-path", dest="watch_paths", action="append", metavar="PATH",
+                   help="also export size/free of the filesystem holding PATH (repeatable)")
+    g.add_argument("--checkpoint-grace", type=float,
+                   help="seconds an unfinished global_step_N/ may exist before it counts as incomplete (900)")
+    g.add_argument("--checkpoint-verify", action="store_true", default=None,
+                   help="check the latest checkpoint against its SHA-256 manifest on the slow cadence")
+    g.add_argument("--procfs", help="where /proc is mounted (default /proc)")
+    from .collectors import load_all
+
+    for name, cls in sorted(load_all().items()):
+        g.add_argument(f"--collector.{name}", dest=f"collector__{name}", action=argparse.BooleanOptionalAction,
+                       default=None, help=f"{cls.description} (default {'on' if cls.default_enabled else 'off'})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +87,9 @@ def cmd_serve(args) -> int:
     from .spec import SpecError
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level", "func")}
+    toggles = {k.split("__", 1)[1]: flags.pop(k) for k in list(flags) if k.startswith("collector__")}
+    if any(v is not None for v in toggles.values()):
+        flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
     try:
         config = build_config(read_config_file(args.config), flags, origin=args.config or "flags")
         sidecar = Sidecar(config)

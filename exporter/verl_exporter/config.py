@@ -6,12 +6,14 @@ Every problem is reported at once, naming the setting. The result is a frozen da
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
 from .server import parse_listen
 from .sources.verl_file import DEFAULT_MAX_LINE_BYTES, DEFAULT_POLL_S, DEFAULT_RECOVER_BYTES
 from .spec import LABEL_NAME_RE, RESERVED_LABELS
@@ -40,6 +42,17 @@ class ServeConfig:
     poll_interval: float = DEFAULT_POLL_S
     recover_bytes: int = DEFAULT_RECOVER_BYTES
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    # resource collectors
+    collectors: dict[str, bool] = field(default_factory=dict)  # name -> on/off; unset = the collector's default
+    interval: float = DEFAULT_INTERVAL_S
+    slow_interval: float = DEFAULT_SLOW_INTERVAL_S
+    procfs: str = "/proc"
+    gpus: str = "auto"
+    trainer_pid: int | None = None
+    watch_paths: tuple[str, ...] = ()
+    gpu_pcie_throughput: bool = False
+    checkpoint_grace: float = 900.0
+    checkpoint_verify: bool = False
 
     def const_labels(self, target_labels: tuple[str, ...] = ("run", "rank")) -> dict[str, str]:
         """Labels put on every series: run and rank when set, then the user's --label pairs."""
@@ -83,10 +96,13 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
     """Merge (flags win over the file, the file over the environment, that over defaults) and check."""
     merged: dict[str, Any] = {"rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK")}
     merged.update({k: v for k, v in file_values.items() if v is not None})
-    merged.update({k: v for k, v in flag_values.items() if v is not None and k in _KEYS})
+    flags = {k: v for k, v in flag_values.items() if v is not None and k in _KEYS}
+    if isinstance(flags.get("collectors"), dict) and isinstance(merged.get("collectors"), dict):
+        flags["collectors"] = {**merged["collectors"], **flags["collectors"]}  # --collector.x wins per name
+    merged.update(flags)
     problems: list[str] = []
 
-    for key in ("rank", "local_rank", "max_unmapped", "recover_bytes", "max_line_bytes"):
+    for key in ("rank", "local_rank", "max_unmapped", "recover_bytes", "max_line_bytes", "trainer_pid"):
         value = merged.get(key)
         if value is None:
             continue
@@ -96,6 +112,30 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
         value = merged["poll_interval"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 10:
             problems.append(f"poll_interval must be a number of seconds in [0.01, 10], got {value!r}")
+    for key, low, high in (("interval", 0.1, 300), ("slow_interval", 1, 3600), ("checkpoint_grace", 0, 86400)):
+        value = merged.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not low <= value <= high):
+            problems.append(f"{key} must be a number of seconds in [{low}, {high}], got {value!r}")
+    collectors = merged.get("collectors") or {}
+    if not isinstance(collectors, dict) or not all(isinstance(v, bool) for v in collectors.values()):
+        problems.append("collectors must map collector names to true/false")
+        collectors = {}
+    else:
+        from .collectors import load_all
+
+        unknown = sorted(set(collectors) - set(load_all()))
+        if unknown:
+            problems.append(f"unknown collector(s) {unknown}; known: {sorted(load_all())}")
+    merged["collectors"] = dict(collectors)
+    watch = merged.get("watch_paths") or ()
+    if isinstance(watch, str) or not all(isinstance(p, str) for p in watch):
+        problems.append("watch_paths must be a list of paths")
+        watch = ()
+    merged["watch_paths"] = tuple(watch)
+    gpus = str(merged.get("gpus", "auto"))
+    if not re.fullmatch(r"auto|all|[\w:.-]+(,[\w:.-]+)*", gpus):
+        problems.append(f"gpus must be auto, all or a comma-separated list of indices/UUIDs, got {gpus!r}")
     if "listen" not in merged:
         local = merged.get("local_rank")
         merged["listen"] = f"0.0.0.0:{DEFAULT_PORT + (local if isinstance(local, int) else 0)}"

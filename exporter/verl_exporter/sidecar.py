@@ -8,6 +8,8 @@ import os
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from .collectors import Context
+from .collectors.sampler import Sampler, build_collectors
 from .config import ServeConfig
 from .selfmetrics import SelfMetrics
 from .server import HttpServer, SafeCollector, make_app
@@ -32,6 +34,9 @@ class Sidecar:
         self.registry.register(SafeCollector(self.self_metrics, "exporter", self.self_metrics))
         # client_python's standard process_* series: the sidecar's own CPU and memory.
         ProcessCollector(registry=self.registry)
+        self.sampler = Sampler(build_collectors(config.collectors, self.context()), self.spec, self.self_metrics,
+                               labels, interval=config.interval, slow_interval=config.slow_interval)
+        self.registry.register(SafeCollector(self.sampler, "sampler", self.self_metrics))
         self.follower: VerlFileFollower | None = None
         if config.verl_log:
             self.follower = VerlFileFollower(
@@ -39,17 +44,28 @@ class Sidecar:
                 max_line_bytes=config.max_line_bytes, recover_bytes=config.recover_bytes)
         self.server: HttpServer | None = None
 
+    def context(self) -> Context:
+        c = self.config
+        return Context(spec=self.spec, self_metrics=self.self_metrics, procfs=c.procfs, gpus=c.gpus,
+                       local_rank=c.local_rank, trainer_pid=c.trainer_pid, checkpoint_dir=c.checkpoint_dir,
+                       watch_paths=c.watch_paths, gpu_pcie_throughput=c.gpu_pcie_throughput,
+                       checkpoint_grace_s=c.checkpoint_grace, checkpoint_verify=c.checkpoint_verify,
+                       environ=dict(os.environ))
+
     def health(self) -> tuple[bool, dict]:
         sources = {}
+        collectors = {c.name: "ok" if self.self_metrics.value("verl_exporter_collector_success", collector=c.name)
+                      else "failing" for c in self.sampler.collectors}
         if self.follower:
             sources["verl_log"] = {"path": self.follower.path, "state": self.follower.status()}
         healthy = all(not s["state"].startswith("error") for s in sources.values())
-        return healthy, {"sources": sources, "step": self.store.step, "pid": os.getpid()}
+        return healthy, {"sources": sources, "collectors": collectors, "step": self.store.step, "pid": os.getpid()}
 
     def start(self) -> Sidecar:
         summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={self.config.rank})."
         app = make_app(self.registry, self.self_metrics, self.health, summary)
         self.server = HttpServer(app, self.config.listen).start()
+        self.sampler.start()
         if self.follower:
             self.follower.start()
         log.info("verl-exporter serving on %s/metrics%s", self.server.url,
@@ -59,6 +75,7 @@ class Sidecar:
     def stop(self) -> None:
         if self.follower:
             self.follower.stop()
+        self.sampler.stop()
         if self.server:
             self.server.stop()
 

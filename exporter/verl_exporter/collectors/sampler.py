@@ -38,13 +38,25 @@ class Sampler:
         self._latest: dict[str, tuple[list[Sample], list[Sample]]] = {c.name: ([], []) for c in self.collectors}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._started = False
 
     def start(self) -> Sampler:
+        self._started = True
         for c in self.collectors:
-            t = threading.Thread(target=self._loop, args=(c,), name=f"verl-exporter-{c.name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._start_thread(c)
         return self
+
+    def add(self, c: Collector) -> None:
+        """Add a collector, also while running (e.g. Monitor.grad_watch() after start)."""
+        self._latest[c.name] = ([], [])
+        self.collectors.append(c)
+        if self._started:
+            self._start_thread(c)
+
+    def _start_thread(self, c: Collector) -> None:
+        t = threading.Thread(target=self._loop, args=(c,), name=f"verl-exporter-{c.name}", daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def stop(self) -> None:
         self._stop.set()

@@ -50,7 +50,7 @@ def _jsonable(value: Any) -> Any:
 
 class Monitor:
     def __init__(self, *, listen: str | None = None, sidecar_file: str | None = None, run: str | None = None,
-                 rank: int | None = None, queue_size: int = 4096, spec=None):
+                 rank: int | None = None, queue_size: int = 4096, torch_memory: bool = False, spec=None):
         if (listen is None) == (sidecar_file is None):
             raise ValueError("Monitor needs exactly one of listen='HOST:PORT' or sidecar_file=PATH")
         self._queue: deque = deque(maxlen=queue_size)
@@ -64,10 +64,16 @@ class Monitor:
         self._file = None
         self._file_path = sidecar_file
         if listen is not None:
+            from ..collectors import load_all
             from ..sidecar import Sidecar
 
-            self._sidecar = Sidecar(ServeConfig(listen=listen, run=run, rank=rank), spec=spec,
-                                    before_scrape=self.drain)
+            # In the training process only what the process itself knows: no host or GPU collectors
+            # (the per-rank sidecar has those), and torch's allocator stats when asked for.
+            config = ServeConfig(listen=listen, run=run, rank=rank, collectors={n: False for n in load_all()})
+            self._sidecar = Sidecar(config, spec=spec, before_scrape=self.drain)
+            self._torch = None
+            if torch_memory:
+                self._torch_collector(memory=True)
             self._self: SelfMetrics = self._sidecar.self_metrics
             self._self.inc("verl_exporter_lines_parsed_total", 0, source=SOURCE)
             self._sidecar.start()
@@ -94,6 +100,24 @@ class Monitor:
     def on_batch_end(self, batch: int, logs: Mapping | None = None) -> None:
         if logs:
             self.log(logs, step=batch)
+
+    def grad_watch(self):
+        """A GradWatch whose values this Monitor's endpoint exports (verl_torch_grad_norm, ...)."""
+        from ..torch_helpers import GradWatch
+
+        if self._sidecar is None:
+            raise ValueError("grad_watch() needs a Monitor with its own endpoint (listen=...)")
+        watch = GradWatch()
+        self._torch_collector(memory=False).grad_watch = watch
+        return watch
+
+    def _torch_collector(self, memory: bool):
+        from ..torch_helpers import TorchCollector
+
+        if self._torch is None:
+            self._torch = TorchCollector(self._sidecar.context(), memory=memory)
+            self._sidecar.sampler.add(self._torch)
+        return self._torch
 
     @property
     def url(self) -> str | None:
