@@ -54,7 +54,8 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verl-exporter", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="verl-exporter", description="Prometheus metrics, alerts and dashboards for verl training runs.")
     parser.add_argument("--version", action="version", version=f"verl-exporter {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     spec = sub.add_parser("spec", help="print the resolved metric spec (validates it)")
     spec.add_argument("--spec", metavar="FILE", help="a spec file to check instead of the packaged one")
     spec.add_argument("--json", action="store_true", help="machine-readable output")
+
+    gen = sub.add_parser("generate", help="render rules, tests, dashboards, Alertmanager and Kubernetes files")
+    gen.add_argument("--out", default=".", metavar="DIR", help="repository root to write into (default .)")
+    gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale file")
+    gen.add_argument("--spec", metavar="FILE", help="render from this spec instead of the packaged one")
 
     demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) into a live sidecar")
     demo.add_argument("--listen", default="127.0.0.1:9477", metavar="HOST:PORT")
@@ -135,13 +141,38 @@ def cmd_spec(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    from pathlib import Path
+
+    from .render import generate
+    from .spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(f"verl-exporter: {e}", file=sys.stderr)
+        return 1
+    stale = generate(spec, Path(args.out), check=args.check)
+    if args.check:
+        if stale:
+            print("generated files are stale (run `verl-exporter generate`):", file=sys.stderr)
+            for path in stale:
+                print(f"  {path}", file=sys.stderr)
+            return 1
+        print("generated files are up to date")
+        return 0
+    for path in stale:
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
     return run_demo(listen=args.listen, rate=args.rate, exit_after_replay=args.exit_after_replay)
 
 
-COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "demo": cmd_demo}
+COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

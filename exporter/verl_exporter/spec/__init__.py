@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from .rules import Alert, Panel, parse_alert, parse_panel
+
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 PLACEHOLDER_RE = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
@@ -37,9 +39,11 @@ RESERVED_LABELS = ("le", "quantile", "job", "instance")
 UNMAPPED_PREFIX = "verl_unmapped_"
 
 ENTRY_KEYS = {"name", "type", "unit", "help", "layer", "labels", "source", "field", "collector",
-              "max_series", "alerts", "panels"}
+              "max_series", "alerts", "panels", "record"}
 SOURCE_KEYS = {"match", "regex", "labels", "values", "convert", "scale"}
-TOP_KEYS = {"version", "target_labels", "defaults", "metrics"}
+TOP_KEYS = {"version", "target_labels", "defaults", "rules", "alerts", "metrics"}
+RULES_KEYS = {"selector", "runbook_url", "evaluation_interval"}
+RECORDINGS = ("cross_rank",)
 DEFAULT_KEYS = {"max_series"}
 
 DEFAULT_SPEC = "metrics.yaml"
@@ -80,8 +84,9 @@ class MetricSpec:
     field: str | None = None
     collector: str | None = None
     max_series: int = 64
-    alerts: tuple[dict, ...] = ()
-    panels: tuple[dict, ...] = ()
+    alerts: tuple[Alert, ...] = ()
+    panels: tuple[Panel, ...] = ()
+    record: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -100,10 +105,21 @@ class MetricSpec:
         if self.collector:
             out["collector"] = self.collector
         if self.alerts:
-            out["alerts"] = list(self.alerts)
+            out["alerts"] = [a.alert for a in self.alerts]
         if self.panels:
-            out["panels"] = list(self.panels)
+            out["panels"] = [f"{p.dashboard}: {p.title}" for p in self.panels]
+        if self.record:
+            out["record"] = list(self.record)
         return out
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    """Where rules and dashboards point: the job selector, the runbook, the evaluation interval."""
+
+    selector: str = 'job="verl"'
+    runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
+    evaluation_interval: str = "30s"
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,15 @@ class Spec:
     target_labels: tuple[str, ...]
     metrics: tuple[MetricSpec, ...]
     by_name: dict[str, MetricSpec] = field(repr=False, compare=False, default_factory=dict)
+    rules: RulesConfig = field(default_factory=RulesConfig)
+    global_alerts: tuple[Alert, ...] = ()  # alerts on several metrics (cross-layer), declared at the top
+
+    def alerts(self) -> list[Alert]:
+        """Every alert, in spec order: those on metric entries, then the cross-metric ones."""
+        return [a for m in self.metrics for a in m.alerts] + list(self.global_alerts)
+
+    def panels(self) -> list[Panel]:
+        return [p for m in self.metrics for p in m.panels]
 
     def __getitem__(self, name: str) -> MetricSpec:
         try:
@@ -297,13 +322,19 @@ def _parse_entry(i: int, raw: Any, defaults: dict, target_labels: tuple[str, ...
     if isinstance(max_series, bool) or not isinstance(max_series, int) or max_series < 1:
         problems.append(f"{where}: max_series must be a positive integer")
         max_series = 1
-    extras = {}
-    for key in ("alerts", "panels"):
+    extras: dict[str, tuple] = {}
+    for key, parse in (("alerts", parse_alert), ("panels", parse_panel)):
         val = raw.get(key, []) or []
         if not isinstance(val, list) or not all(isinstance(x, dict) for x in val):
             problems.append(f"{where}: {key} must be a list of mappings")
             val = []
-        extras[key] = tuple(val)
+        parsed = [parse(str(name), j, item, problems) for j, item in enumerate(val)]
+        extras[key] = tuple(x for x in parsed if x is not None)
+    record = raw.get("record", []) or []
+    if not isinstance(record, list) or set(record) - set(RECORDINGS):
+        problems.append(f"{where}: record may list {list(RECORDINGS)}")
+        record = []
+    extras["record"] = tuple(record)
     return MetricSpec(
         name=name, type=mtype, unit=unit, help=" ".join(str(help_).split()), layer=layer, labels=labels_t,
         sources=tuple(sources), field=fld, collector=collector, max_series=max_series, **extras)
@@ -354,10 +385,36 @@ def parse_spec(doc: Any, origin: str = "spec") -> Spec:
             if m.field in fields:
                 problems.append(f"metric {m.name!r}: field {m.field!r} already feeds {fields[m.field]!r}")
             fields[m.field] = m.name
+    rules_raw = doc.get("rules", {}) or {}
+    if not isinstance(rules_raw, dict) or set(rules_raw) - RULES_KEYS:
+        problems.append(f"rules may hold {sorted(RULES_KEYS)}")
+        rules_raw = {}
+    rules_config = RulesConfig(**{k: str(v) for k, v in rules_raw.items()})
+    global_raw = doc.get("alerts", []) or []
+    if not isinstance(global_raw, list):
+        problems.append("alerts (top level) must be a list")
+        global_raw = []
+    global_alerts = []
+    for j, item in enumerate(global_raw):
+        if not isinstance(item, dict):
+            problems.append(f"alerts[{j}]: must be a mapping")
+            continue
+        a = parse_alert("(cross-metric)", j, item, problems)
+        if a is not None:
+            if a.kind != "expr":
+                problems.append(f"alert {a.alert!r}: a top-level alert must be of kind expr")
+            global_alerts.append(a)
+    names = [a.alert for m in metrics for a in m.alerts] + [a.alert for a in global_alerts]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"alert {dup!r}: declared twice")
+    for a in [a for m in metrics for a in m.alerts] + global_alerts:
+        for target in a.inhibits:
+            if target not in names:
+                problems.append(f"alert {a.alert!r}: inhibits unknown alert {target!r}")
     if problems:
         raise SpecError(problems, origin)
     return Spec(version=1, target_labels=tuple(target_labels), metrics=tuple(metrics),
-                by_name={m.name: m for m in metrics})
+                by_name={m.name: m for m in metrics}, rules=rules_config, global_alerts=tuple(global_alerts))
 
 
 def load_spec(path: str | Path | None = None) -> Spec:

@@ -1,0 +1,43 @@
+"""`verl-exporter generate`: render rules, promtool tests, dashboards, Alertmanager and Kubernetes files,
+the runbook and the README's alert table from the spec. Deterministic: same spec, same bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..spec import Spec
+from .alertmanager import render_alertmanager
+from .dashboards import render_dashboards
+from .kubernetes import render_kubernetes
+from .prometheus import render_prometheus
+from .rules import render_rules
+from .runbook import render_runbook, update_readme
+
+RENDERERS = (render_rules, render_dashboards, render_alertmanager, render_kubernetes, render_prometheus,
+             render_runbook)
+
+
+def render_all(spec: Spec, root: Path) -> dict[str, str]:
+    """{path relative to the repo root: content} for every generated file."""
+    out: dict[str, str] = {}
+    for renderer in RENDERERS:
+        out.update(renderer(spec))
+    readme = root / "README.md"
+    if readme.exists():
+        out["README.md"] = update_readme(spec, readme.read_text(encoding="utf-8"))
+    return dict(sorted(out.items()))
+
+
+def generate(spec: Spec, root: Path, check: bool = False) -> list[str]:
+    """Write the files (or, with check, compare only). Returns the paths that differed."""
+    stale = []
+    for rel, content in render_all(spec, root).items():
+        path = root / rel
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == content:
+            continue
+        stale.append(rel)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content, encoding="utf-8")
+    return stale

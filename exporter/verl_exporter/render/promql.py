@@ -1,0 +1,143 @@
+"""PromQL for each kind of alert declared in the spec, and the recording rules those alerts stand on.
+
+One function per alert kind builds the expression; ``output_labels`` says which labels the expression keeps,
+which the generated promtool tests need to state the labels of the alert they expect.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..spec import MetricSpec, Spec
+from ..spec.rules import Alert, duration_seconds
+
+NONFINITE = "verl_training_nonfinite_values_total"
+# Labels a sidecar's series carry besides the metric's own: Prometheus's target labels and the sidecar's.
+TARGET_LABELS = ("job", "instance")
+# Cross-rank aggregation drops what differs between ranks of one run.
+CROSS_RANK_DROP = ("instance", "rank", "gpu")
+CROSS_RANK_OPS = ("avg", "stddev", "min", "max")
+MIN_SAMPLES = 10  # an adaptive alert says nothing until its window holds this many samples
+
+
+@dataclass(frozen=True)
+class Recording:
+    record: str
+    expr: str
+
+
+def selector(*parts: str) -> str:
+    """Join label matchers, skipping empty ones: selector('job="verl"', '') -> 'job="verl"'."""
+    return ", ".join(p.strip() for p in parts if p and p.strip())
+
+
+def vector(metric: str, *matchers: str) -> str:
+    inner = selector(*matchers)
+    return f"{metric}{{{inner}}}" if inner else metric
+
+
+def fill(template: str, metric: str, sel: str) -> str:
+    """Replace the spec's placeholders: <metric> and <sel> (a selector that may be empty)."""
+    out = template.replace("<metric>", metric).replace("<sel>", sel)
+    # An empty selector must not leave "{}", "{, x}" or "{x, }" behind.
+    out = re.sub(r"\{\s*,\s*", "{", out)
+    out = re.sub(r",\s*\}", "}", out)
+    return out.replace("{}", "")
+
+
+def adaptive_lag(alert: Alert) -> str:
+    """How far back the baseline window ends: past the alert's own `for`, so that a sustained shift is
+    compared with what came before it, not with a window that already absorbs it."""
+    return f"{duration_seconds(alert.for_) // 60 + 10}m"
+
+
+def adaptive_records(alert: Alert, sel: str) -> list[Recording]:
+    base = vector(alert.metric, sel)
+    w = alert.window
+    return [
+        Recording(f"rank:{alert.metric}:avg_over_time_{w}", f"avg_over_time({base}[{w}])"),
+        Recording(f"rank:{alert.metric}:stddev_over_time_{w}", f"stddev_over_time({base}[{w}])"),
+        Recording(f"rank:{alert.metric}:count_over_time_{w}", f"count_over_time({base}[{w}])"),
+    ]
+
+
+def cross_rank_records(metric: MetricSpec, sel: str) -> list[Recording]:
+    drop = ", ".join(CROSS_RANK_DROP)
+    return [Recording(f"job_run:{metric.name}:{op}", f"{op} without ({drop}) ({vector(metric.name, sel)})")
+            for op in CROSS_RANK_OPS]
+
+
+def alert_expr(alert: Alert, sel: str) -> str:
+    m = alert.matchers.strip("{} ")
+    if alert.kind == "threshold":
+        inner = vector(alert.metric, sel, m)
+        if alert.aggregate:
+            inner = f"{alert.aggregate} ({inner})"
+        return f"{inner} {alert.op} {_num(alert.threshold)}"
+    if alert.kind == "nonfinite":
+        counter = vector(NONFINITE, sel, f'metric="{alert.metric}"')
+        w = alert.window if alert.window != "30m" else "10m"
+        # A counter born in the window (its first NaN) has no increase() yet: catch it with unless/offset.
+        return f"increase({counter}[{w}]) > 0 or ({counter} unless {counter} offset {w})"
+    if alert.kind == "adaptive":
+        w, lag = alert.window, adaptive_lag(alert)
+        x = vector(alert.metric, sel, m)
+        avg = vector(f"rank:{alert.metric}:avg_over_time_{w}", m) + f" offset {lag}"
+        std = vector(f"rank:{alert.metric}:stddev_over_time_{w}", m) + f" offset {lag}"
+        count = vector(f"rank:{alert.metric}:count_over_time_{w}", m) + f" offset {lag}"
+        # The denominator's floor (a share of the mean, plus a tiny constant) keeps a flat series from
+        # turning any wobble into an infinite z-score.
+        z = f"({x} - {avg}) / ({std} + {_num(alert.rel_floor)} * abs({avg}) + 1e-9)"
+        cmp = {"up": f"{z} > {_num(alert.k)}", "down": f"{z} < -{_num(alert.k)}",
+               "both": f"abs({z}) > {_num(alert.k)}"}[alert.direction]
+        return f"({cmp}) and {count} >= {MIN_SAMPLES}"
+    if alert.kind == "trend":
+        x = vector(alert.metric, sel, m)
+        return f"predict_linear({x}[{alert.window}], {duration_seconds(alert.horizon)}) {alert.op} " \
+               f"{_num(alert.threshold)}"
+    if alert.kind == "stale":
+        return f"time() - {vector(alert.metric, sel, m)} > {_num(alert.threshold)}"
+    if alert.kind == "absent":
+        return f"absent({vector(alert.metric, sel, m)})"
+    if alert.kind == "expr":
+        return fill(alert.expr, alert.metric, sel)
+    raise ValueError(f"unknown alert kind {alert.kind}")
+
+
+def equality_matchers(text: str) -> dict[str, str]:
+    """The name="value" matchers of a selector: the labels absent() and aggregations keep."""
+    return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"', text))
+
+
+def output_labels(alert: Alert, series_labels: dict[str, str], sel: str) -> dict[str, str]:
+    """The labels an alert carries (besides alertname and its own labels) for an input series."""
+    if alert.kind == "absent":
+        return {**equality_matchers(sel), **equality_matchers(alert.matchers)}
+    if alert.kind == "threshold" and alert.aggregate:
+        by = re.search(r"\bby\s*\(([^)]*)\)", alert.aggregate)
+        keep = [x.strip() for x in by.group(1).split(",")] if by else []
+        return {k: v for k, v in series_labels.items() if k in keep}
+    if alert.kind == "nonfinite":
+        return {**series_labels, "metric": alert.metric}
+    return dict(series_labels)
+
+
+def _num(x) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+def all_recordings(spec: Spec) -> list[Recording]:
+    sel = spec.rules.selector
+    seen: dict[str, Recording] = {}
+    for metric in spec.metrics:
+        if "cross_rank" in metric.record:
+            for r in cross_rank_records(metric, sel):
+                seen.setdefault(r.record, r)
+    for alert in spec.alerts():
+        if alert.kind == "adaptive":
+            for r in adaptive_records(alert, sel):
+                seen.setdefault(r.record, r)
+    return list(seen.values())

@@ -1,0 +1,57 @@
+"""Prometheus rule files (recording and alerting) and their promtool tests, from the spec."""
+
+from __future__ import annotations
+
+from ..spec import Spec
+from ..spec.rules import Alert
+from .promql import alert_expr, all_recordings
+from .rule_tests import all_cases
+from .templating import render
+
+RECORDING_FILE = "rules/verl-recording.yaml"
+ALERTS_FILE = "rules/verl-alerts.yaml"
+TESTS_FILE = "rules/tests/generated-test.yaml"
+# Alert groups by the layer of the metric they watch (cross-metric alerts have their own group).
+GROUP_OF_LAYER = {"data": "training", "compute": "training", "resource": "resources", "fault": "faults",
+                  "exporter": "exporter"}
+
+
+def runbook_url(spec: Spec, alert: Alert) -> str:
+    return f"{spec.rules.runbook_url}#{alert.alert.lower()}"
+
+
+def alert_rule(spec: Spec, alert: Alert) -> dict:
+    return {
+        "alert": alert.alert,
+        "expr": alert_expr(alert, spec.rules.selector),
+        "for": alert.for_,
+        "labels": {**alert.labels, "severity": alert.severity},
+        "annotations": {"summary": alert.summary, "description": alert.description,
+                        "runbook_url": runbook_url(spec, alert)},
+    }
+
+
+def alert_groups(spec: Spec) -> list[dict]:
+    groups: dict[str, list[dict]] = {}
+    for alert in spec.alerts():
+        layer = spec[alert.metric].layer if alert.metric in spec else "cross"
+        name = "verl-exporter." + GROUP_OF_LAYER.get(layer, "cross-layer")
+        groups.setdefault(name, []).append(alert_rule(spec, alert))
+    return [{"name": name, "rules": rules} for name, rules in groups.items()]
+
+
+def recording_groups(spec: Spec) -> list[dict]:
+    rules = [{"record": r.record, "expr": r.expr} for r in all_recordings(spec)]
+    return [{"name": "verl-exporter.recording", "rules": rules}] if rules else []
+
+
+def render_rules(spec: Spec) -> dict[str, str]:
+    interval = spec.rules.evaluation_interval
+    out = {
+        RECORDING_FILE: render("rules.yaml.j2", groups=recording_groups(spec), interval=interval),
+        ALERTS_FILE: render("rules.yaml.j2", groups=alert_groups(spec), interval=interval),
+    }
+    # Tests evaluate every minute whatever the production interval is: their timings are in minutes.
+    out[TESTS_FILE] = render("rule_tests.yaml.j2", rule_files=["../verl-recording.yaml", "../verl-alerts.yaml"],
+                             interval="1m", tests=all_cases(spec))
+    return out
