@@ -1,0 +1,228 @@
+"""The generated tree: up to date, deterministic, valid for promtool/amtool, and consistent with the spec."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, require_tool
+from verl_exporter.render import generate, render_all
+from verl_exporter.render.promql import all_recordings
+from verl_exporter.render.rule_tests import expand, go_printf
+from verl_exporter.spec import SpecError, load_spec, parse_spec
+
+SPEC = load_spec()
+METRIC_RE = re.compile(r"\b((?:[a-z_]+:)?verl_[a-z0-9_]+(?::[a-z0-9_]+)?)\b")
+PROMETHEUS_OWN = {"up", "ALERTS", "time"}
+
+
+def test_committed_output_is_up_to_date():
+    proc = subprocess.run([sys.executable, "-m", "verl_exporter", "generate", "--check"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_check_names_stale_files_and_generate_repairs_them(tmp_path):
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    assert generate(SPEC, tmp_path) != []  # first write: everything is new
+    assert generate(SPEC, tmp_path, check=True) == []
+    alerts = tmp_path / "rules/verl-alerts.yaml"
+    alerts.write_text(alerts.read_text().replace("> 0.2", "> 0.3"))
+    (tmp_path / "dashboards/verl-gpu.json").unlink()
+    assert sorted(generate(SPEC, tmp_path, check=True)) == ["dashboards/verl-gpu.json", "rules/verl-alerts.yaml"]
+    generate(SPEC, tmp_path)
+    assert generate(SPEC, tmp_path, check=True) == []
+
+
+def test_rendering_is_deterministic():
+    assert render_all(load_spec(), REPO) == render_all(load_spec(), REPO)
+
+
+def test_promtool_checks_and_tests_the_rules():
+    promtool = require_tool("promtool")
+    rules = sorted(str(p) for p in (REPO / "rules").glob("*.yaml"))
+    check = subprocess.run([promtool, "check", "rules", *rules], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    tests = sorted(str(p) for p in (REPO / "rules/tests").glob("*.yaml"))
+    run = subprocess.run([promtool, "test", "rules", *tests], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_generated_tests_cover_every_alert_firing_and_silent():
+    doc = yaml.safe_load((REPO / "rules/tests/generated-test.yaml").read_text())
+    seen: dict[str, set] = {}
+    for case in doc["tests"]:
+        for t in case["alert_rule_test"]:
+            seen.setdefault(t["alertname"], set()).add("fires" if t["exp_alerts"] else "silent")
+    assert {a.alert for a in SPEC.alerts()} == set(seen)
+    assert all(kinds == {"fires", "silent"} for kinds in seen.values()), seen
+
+
+def test_a_broken_threshold_makes_promtool_fail(tmp_path):
+    """The generated tests have teeth: rules that disagree with their spec fail them."""
+    promtool = require_tool("promtool")
+    shutil.copytree(REPO / "rules", tmp_path / "rules")
+    alerts = tmp_path / "rules/verl-alerts.yaml"
+    alerts.write_text(alerts.read_text().replace("verl_actor_kl_loss{job=\"verl\"} > 0.2",
+                                                 "verl_actor_kl_loss{job=\"verl\"} > 5"))
+    run = subprocess.run([promtool, "test", "rules", str(tmp_path / "rules/tests/generated-test.yaml")],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "VerlHighKLDivergence" in run.stdout + run.stderr
+
+
+def test_amtool_accepts_the_alertmanager_config():
+    amtool = require_tool("amtool")
+    run = subprocess.run([amtool, "check-config", str(REPO / "alertmanager/alertmanager.yml")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_promtool_accepts_the_example_prometheus_config(tmp_path):
+    promtool = require_tool("promtool")
+    text = (REPO / "docker/prometheus/prometheus.yml").read_text().replace("/etc/prometheus/", "")
+    (tmp_path / "prometheus.yml").write_text(text)
+    shutil.copytree(REPO / "rules", tmp_path / "rules")
+    run = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_prometheusrule_carries_the_same_groups():
+    crd = yaml.safe_load((REPO / "rules/kubernetes/verl-exporter.prometheusrule.yaml").read_text())
+    assert crd["apiVersion"] == "monitoring.coreos.com/v1" and crd["kind"] == "PrometheusRule"
+    files = [yaml.safe_load((REPO / f"rules/{n}").read_text()) for n in ("verl-recording.yaml", "verl-alerts.yaml")]
+    assert crd["spec"]["groups"] == [g for f in files for g in f["groups"]]
+
+
+# ---------------------------------------------------------------------------- lint of the generated output
+def all_rules():
+    for name in ("verl-recording.yaml", "verl-alerts.yaml"):
+        for group in yaml.safe_load((REPO / "rules" / name).read_text())["groups"]:
+            yield from group["rules"]
+
+
+def test_alert_rules_follow_the_conventions():
+    by_name = {a.alert: a for a in SPEC.alerts()}
+    for rule in all_rules():
+        if "record" in rule:
+            level, metric, ops = rule["record"].split(":")
+            assert level and ops and metric.startswith("verl_"), rule["record"]
+            continue
+        name = rule["alert"]
+        assert re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", name)
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+        assert rule["annotations"]["runbook_url"].endswith(f"runbook.md#{name.lower()}")
+        spec_for = by_name[name].for_
+        assert rule.get("for", "0m") == spec_for
+
+
+def used_names(expr: str) -> set[str]:
+    return set(METRIC_RE.findall(expr))
+
+
+def test_every_metric_a_rule_or_panel_uses_is_in_the_spec():
+    recorded = {r.record for r in all_recordings(SPEC)}
+    exprs = [r["expr"] for r in all_rules()]
+    for path in (REPO / "dashboards").glob("*.json"):
+        for panel in json.loads(path.read_text())["panels"]:
+            exprs += [t["expr"] for t in panel.get("targets", [])]
+    assert exprs
+    for expr in exprs:
+        for name in used_names(expr):
+            assert name in SPEC or name in recorded, f"{name} (in {expr}) is neither in the spec nor recorded"
+
+
+def test_runbook_has_a_section_per_alert():
+    text = (REPO / "rules/runbook.md").read_text()
+    for a in SPEC.alerts():
+        assert f"\n## {a.alert}\n" in text
+    readme = (REPO / "README.md").read_text()
+    for a in SPEC.alerts():
+        assert f"[`{a.alert}`](rules/runbook.md#{a.alert.lower()})" in readme
+
+
+# ---------------------------------------------------------------------------- dashboards
+@pytest.mark.parametrize("name", ["overview", "training", "gpu", "host"])
+def test_dashboards_are_importable_as_they_are(name):
+    d = json.loads((REPO / f"dashboards/verl-{name}.json").read_text())
+    assert d["uid"] == f"verl-{name}" and d["schemaVersion"] >= 39
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert {"job", "run", "rank"} <= set(variables)
+    assert d["__inputs"][0]["pluginId"] == "prometheus"
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == "${datasource}"
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+            if "rate(" in t["expr"] or "increase(" in t["expr"]:
+                assert "[$__rate_interval]" in t["expr"] or re.search(r"\[\d+[mh]\]", t["expr"]), t["expr"]
+            if t["expr"].startswith("ALERTS"):
+                continue
+            assert 'job=~"$job"' in t["expr"], t["expr"]
+
+
+def test_dashboards_cover_what_the_issue_asks_for():
+    titles = {name: {p["title"] for p in json.loads((REPO / f"dashboards/verl-{name}.json").read_text())["panels"]}
+              for name in ("overview", "training", "gpu", "host")}
+    assert "Firing alerts" in titles["overview"]
+    assert {"Reward (score mean) with moving average", "Step time by phase", "Throughput (tokens/s/GPU)",
+            "Entropy", "Response length", "Responses clipped at max length"} <= titles["training"]
+    assert {"GPU utilisation by rank", "GPU memory used by rank", "Power", "Temperature", "NVLink traffic",
+            "XID errors (1h)"} <= titles["gpu"]
+    assert {"Disk busy", "Checkpoint age"} <= titles["host"]
+
+
+# ---------------------------------------------------------------------------- the alert part of the spec
+def spec_with_alert(**alert) -> dict:
+    doc = yaml.safe_load((REPO / "exporter/verl_exporter/spec/metrics.yaml").read_text())
+    entry = next(m for m in doc["metrics"] if m["name"] == "verl_actor_entropy")
+    entry["alerts"] = [{"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1,
+                        "summary": "S.", "description": "D.", **alert}]
+    return doc
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"alert": "HighThing"}, "start with Verl"),
+    ({"kind": "magic"}, "kind must be one of"),
+    ({"severity": "page"}, "severity must be one of"),
+    ({"for": "five minutes"}, "Prometheus duration"),
+    ({"threshold": "high"}, "needs a numeric threshold"),
+    ({"description": "{{ $value }} raw"}, "may be used in annotations"),
+    ({"inhibits": ["VerlNoSuchAlert"]}, "inhibits unknown alert"),
+    ({"colour": "red"}, "unknown key(s) ['colour']"),
+    ({"alert": "VerlHighKLDivergence"}, "declared twice"),
+])
+def test_bad_alerts_are_rejected(change, fragment):
+    with pytest.raises(SpecError, match=re.escape(fragment)):
+        parse_spec(spec_with_alert(**change))
+
+
+def test_bad_panels_are_rejected():
+    doc = copy.deepcopy(spec_with_alert())
+    entry = next(m for m in doc["metrics"] if m["name"] == "verl_actor_entropy")
+    entry["panels"] = [{"dashboard": "training", "title": "x", "query": "rate(<metric>[5m])"}]
+    with pytest.raises(SpecError) as err:
+        parse_spec(doc)
+    assert "must use <sel>" in str(err.value) and "$__rate_interval" in str(err.value)
+
+
+def test_annotation_expansion_matches_go():
+    assert go_printf("%.3g", 0.5) == "0.5" and go_printf("%.3g", float("nan")) == "NaN"
+    assert go_printf("%.0f", 1860.0) == "1860" and go_printf("%.3g", float("inf")) == "+Inf"
+    text = 'v={{ $value | printf "%.2f" }} on {{ $labels.rank }}{{ $labels.missing }}'
+    assert expand(text, 1.234, {"rank": "3"}) == "v=1.23 on 3"
