@@ -11,7 +11,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO, require_tool
 from verl_exporter.render import generate, render_all
 from verl_exporter.render.promql import all_recordings
@@ -162,7 +161,7 @@ def test_dashboards_are_importable_as_they_are(name):
     assert len(ids) == len(set(ids))
     for p in d["panels"]:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24
         if p["type"] == "row":
             continue
         assert p["datasource"]["uid"] == "${datasource}"
