@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import http_get, parse_metrics, sample
 
 torch = pytest.importorskip("torch")

@@ -17,7 +17,7 @@ from .promql import equality_matchers, output_labels
 
 INTERVAL_M = 1  # minutes between input samples, and between rule evaluations in the tests
 SHIFT = 60  # minute at which the fault starts (after every window of the pack has filled)
-TOTAL = SHIFT + 180  # samples per series
+TAIL = 10  # samples after the firing evaluation
 BASE_LABELS = {"instance": "node0:9477", "run": "r1", "rank": "0"}
 
 
@@ -69,13 +69,13 @@ def _bad_and_ok(alert: Alert) -> tuple[float, float]:
     return (t - step / 2, t + step) if above else (t + step, t - step / 2)
 
 
-def _adaptive_values(alert: Alert) -> tuple[list[float], float]:
+def _adaptive_values(alert: Alert, total: int) -> tuple[list[float], float]:
     """An alternating healthy baseline (stddev d) then a sustained shift that is k-plus sigmas away."""
     base, d = 100.0, 1.0
     floor = d + alert.rel_floor * base
     delta = 2.0 * alert.k * floor + d
     sign = -1.0 if alert.direction == "down" else 1.0
-    values = [base + (d if i % 2 else -d) for i in range(SHIFT)] + [base + sign * delta] * (TOTAL - SHIFT)
+    values = [base + (d if i % 2 else -d) for i in range(SHIFT)] + [base + sign * delta] * (total - SHIFT)
     return values, sign * delta
 
 
@@ -100,32 +100,33 @@ def case_for(spec: Spec, alert: Alert) -> dict:
     silent_at = SHIFT - 5
     value: float = 0.0
     name = alert.metric
+    if alert.kind == "trend":
+        fire_at = SHIFT + duration_seconds(alert.window) // 60 + duration_seconds(alert.for_) // 60 + 2
+    elif alert.kind == "stale":
+        fire_at = SHIFT + math.ceil(float(alert.threshold) / 60) + duration_seconds(alert.for_) // 60 + 2
+    total = fire_at + TAIL
     if alert.kind == "threshold":
         ok, bad = _bad_and_ok(alert)
-        values = [ok] * SHIFT + [bad] * (TOTAL - SHIFT)
+        values = [ok] * SHIFT + [bad] * (total - SHIFT)
         value = bad
     elif alert.kind == "nonfinite":
         name = "verl_training_nonfinite_values_total"
         series_labels = {**sel_labels, **BASE_LABELS, "metric": alert.metric}
-        values = [0.0] * SHIFT + [1.0] * (TOTAL - SHIFT)
+        values = [0.0] * SHIFT + [1.0] * (total - SHIFT)
     elif alert.kind == "adaptive":
-        values, _ = _adaptive_values(alert)
+        values, _ = _adaptive_values(alert, total)
     elif alert.kind == "trend":
         t = float(alert.threshold)
         start = t / 2 if t else -1.0
         horizon_m = duration_seconds(alert.horizon) / 60
         slope = 2 * (abs(t - start) or 1.0) / horizon_m * (1 if alert.op in (">", ">=") else -1)
-        values = [start] * SHIFT + [start + slope * (i + 1) for i in range(TOTAL - SHIFT)]
-        fire_at = SHIFT + duration_seconds(alert.window) // 60 + duration_seconds(alert.for_) // 60 + 2
+        values = [start] * SHIFT + [start + slope * (i + 1) for i in range(total - SHIFT)]
     elif alert.kind == "stale":
         # A unix-time gauge that advances with time, then stops: its age grows past the threshold.
-        values = [i * 60.0 for i in range(SHIFT)] + [(SHIFT - 1) * 60.0] * (TOTAL - SHIFT)
-        fire_at = SHIFT + math.ceil(float(alert.threshold) / 60) + duration_seconds(alert.for_) // 60 + 2
+        values = [i * 60.0 for i in range(SHIFT)] + [(SHIFT - 1) * 60.0] * (total - SHIFT)
         value = fire_at * 60.0 - (SHIFT - 1) * 60.0
     else:  # absent
-        values = [1.0] * SHIFT + [None] * (TOTAL - SHIFT)
-    if fire_at >= TOTAL:
-        raise ValueError(f"alert {alert.alert}: its windows are too long for the generated test ({fire_at}m)")
+        values = [1.0] * SHIFT + [None] * (total - SHIFT)
     labels_text = ", ".join(f'{k}="{v}"' for k, v in series_labels.items())
     input_series = [{"series": f"{name}{{{labels_text}}}", "values": _series_text(values)}]
     out_labels = output_labels(alert, series_labels, spec.rules.selector)

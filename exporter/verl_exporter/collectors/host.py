@@ -1,0 +1,148 @@
+"""Host CPU, load and memory from {procfs}/stat, loadavg and meminfo; the trainer's resident memory via psutil.
+
+CPU ratios are deltas of the aggregate ``cpu`` line of /proc/stat between two samples, so the first sample
+after start emits none. Following node-mixin, a CPU counts as busy when it is in none of idle, iowait or
+steal; guest and guest_nice are left out because the kernel already counts them in user and nice.
+
+The trainer's memory is the RSS of --trainer-pid plus all its descendants, summed (shared pages are counted
+once per process, so this over-states what a kill would free). Listing the descendants means reading every
+process's stat file (about 20 us each), so the list is refreshed every CHILDREN_REFRESH_S and a child started
+in between counts from the next refresh. psutil reads the real /proc, not ctx.procfs.
+Under Ray, verl's workers are children of the raylet, not of the driver, so only the driver's own tree counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psutil
+
+from .base import Collector, Context, Sample, register
+
+# /proc/stat cpu columns: user nice system idle iowait irq softirq steal [guest guest_nice]
+_CPU_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+_NOT_BUSY = ("idle", "iowait", "steal")
+_LOAD_PERIODS = ("1m", "5m", "15m")
+_KIB = 1024
+CHILDREN_REFRESH_S = 30.0
+
+
+@register
+class HostCollector(Collector):
+    name = "host"
+    description = "host CPU utilisation and iowait, load average, memory, and the trainer's resident memory"
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self._previous_cpu: dict[str, int] | None = None
+        self._trainer: psutil.Process | None = None
+        self._children: list[psutil.Process] = []
+        self._children_listed_at: float | None = None
+        # Once the trainer is gone its pid may be reused by an unrelated process: never attach again.
+        self._trainer_gone = False
+
+    def sample(self) -> list[Sample]:
+        out: list[Sample] = []
+        for part in (self._cpu, self._load, self._memory, self._trainer_rss):
+            try:
+                out.extend(part())
+            except OSError as e:  # one unreadable file loses only its own metrics
+                self.ctx.self_metrics.problem(self.name, "read", f"{part.__name__.lstrip('_')}: {e!r}")
+        return out
+
+    # ------------------------------------------------------------------ CPU
+    def _cpu(self) -> Iterator[Sample]:
+        current = self._read_cpu_line()
+        previous, self._previous_cpu = self._previous_cpu, current
+        if previous is None or current is None:
+            return
+        # iowait may go backwards (proc(5)); a negative column counts as no time spent rather than failing.
+        delta = {k: max(0, current[k] - previous[k]) for k in _CPU_COLUMNS}
+        total = sum(delta.values())
+        if total <= 0:  # no tick elapsed, or CPUs went offline and the aggregate shrank
+            return
+        busy = total - sum(delta[k] for k in _NOT_BUSY)
+        yield "verl_host_cpu_utilization_ratio", {}, busy / total
+        yield "verl_host_cpu_iowait_ratio", {}, delta["iowait"] / total
+
+    def _read_cpu_line(self) -> dict[str, int] | None:
+        with open(f"{self.ctx.procfs}/stat") as f:
+            for line in f:
+                if line.startswith("cpu "):
+                    fields = line.split()[1:]
+                    try:
+                        # Kernels before 2.6.11 lack steal: missing trailing columns read as 0.
+                        values = [int(v) for v in fields[: len(_CPU_COLUMNS)]]
+                    except ValueError:
+                        break
+                    values += [0] * (len(_CPU_COLUMNS) - len(values))
+                    return dict(zip(_CPU_COLUMNS, values, strict=True))
+        self.ctx.self_metrics.problem(self.name, "parse", "no readable aggregate cpu line in stat")
+        return None
+
+    # ------------------------------------------------------------------ load
+    def _load(self) -> Iterator[Sample]:
+        with open(f"{self.ctx.procfs}/loadavg") as f:
+            fields = f.read().split()
+        try:
+            values = [float(v) for v in fields[:3]]
+        except ValueError:
+            values = []
+        if len(values) != 3:
+            self.ctx.self_metrics.problem(self.name, "parse", f"loadavg: unexpected content {fields[:3]}")
+            return
+        for period, value in zip(_LOAD_PERIODS, values, strict=True):
+            yield "verl_host_load_average", {"period": period}, value
+
+    # ------------------------------------------------------------------ memory
+    def _memory(self) -> Iterator[Sample]:
+        wanted = {"MemTotal:": None, "MemAvailable:": None}
+        with open(f"{self.ctx.procfs}/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(" ")
+                if key in wanted:
+                    try:
+                        wanted[key] = int(rest.split()[0]) * _KIB  # the kernel's "kB" is KiB
+                    except (ValueError, IndexError):
+                        self.ctx.self_metrics.problem(self.name, "parse", f"meminfo: bad line {line.strip()!r}")
+        total, available = wanted["MemTotal:"], wanted["MemAvailable:"]
+        if total is not None:
+            yield "verl_host_memory_total_bytes", {}, total
+        if available is not None:  # MemAvailable exists since Linux 3.14
+            yield "verl_host_memory_available_bytes", {}, available
+            if total is not None:
+                yield "verl_host_memory_used_bytes", {}, total - available
+
+    # ------------------------------------------------------------------ trainer
+    def _trainer_rss(self) -> Iterator[Sample]:
+        pid = self.ctx.trainer_pid
+        if pid is None or self._trainer_gone:
+            return
+        try:
+            if self._trainer is None:
+                self._trainer = psutil.Process(pid)
+            # is_running() compares the creation time too, so a reused pid reads as gone.
+            if not self._trainer.is_running() or self._trainer.status() == psutil.STATUS_ZOMBIE:
+                raise psutil.NoSuchProcess(pid)
+            rss = self._trainer.memory_info().rss
+            now = self.ctx.clock()
+            last = self._children_listed_at
+            if last is None or not last <= now < last + CHILDREN_REFRESH_S:  # also when the clock stepped back
+                self._children = self._trainer.children(recursive=True)
+                self._children_listed_at = now
+        except psutil.NoSuchProcess:
+            # The trainer ended: its series disappears; not an error. Before it was ever seen, keep trying.
+            self._trainer_gone = self._trainer is not None
+            self._trainer, self._children = None, []
+            return
+        except psutil.AccessDenied as e:
+            self.ctx.self_metrics.problem(self.name, "trainer", f"trainer pid {pid}: {e!r}")
+            return
+        for child in self._children:
+            try:
+                # is_running() guards against a dead child's pid being reused before the next listing.
+                if child.is_running():
+                    rss += child.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue  # a child that exited since the listing
+        yield "verl_trainer_resident_memory_bytes", {}, rss
