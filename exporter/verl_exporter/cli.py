@@ -44,7 +44,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-grace", type=float,
                    help="seconds an unfinished global_step_N/ may exist before it counts as incomplete (900)")
     g.add_argument("--checkpoint-verify", action="store_true", default=None,
-                   help="check the latest checkpoint against its SHA-256 manifest on the slow cadence")
+                   help="check kept checkpoints (newest 32) against their SHA-256 manifests on the slow cadence")
     g.add_argument("--procfs", help="where /proc is mounted (default /proc)")
     from .collectors import load_all
 
@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", default=".", metavar="DIR", help="repository root to write into (default .)")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale file")
     gen.add_argument("--spec", metavar="FILE", help="render from this spec instead of the packaged one")
+
+    from . import checkpoint_cli
+
+    checkpoint_cli.add_parser(sub)
 
     demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) into a live sidecar")
     demo.add_argument("--listen", default="127.0.0.1:9477", metavar="HOST:PORT")
@@ -172,7 +176,14 @@ def cmd_demo(args) -> int:
     return run_demo(listen=args.listen, rate=args.rate, exit_after_replay=args.exit_after_replay)
 
 
-COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo}
+def cmd_checkpoint(args) -> int:
+    from . import checkpoint_cli
+
+    return checkpoint_cli.run(args)
+
+
+COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo,
+            "checkpoint": cmd_checkpoint}
 
 
 def main(argv: list[str] | None = None) -> int:
