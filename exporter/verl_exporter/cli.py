@@ -46,6 +46,13 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-verify", action="store_true", default=None,
                    help="check kept checkpoints (newest 32) against their SHA-256 manifests on the slow cadence")
     g.add_argument("--procfs", help="where /proc is mounted (default /proc)")
+    c = p.add_argument_group("automated response (off by default)")
+    c.add_argument("--control-token-env", metavar="NAME",
+                   help="enable POST /control/checkpoint and /control/stop, with the bearer token in $NAME")
+    c.add_argument("--control-token-file", metavar="PATH", help="same, with the token read from a file")
+    c.add_argument("--control-file", metavar="PATH",
+                   help="where requests are recorded for the trainer (default <checkpoint-dir>/"
+                        ".verl-exporter-control.json)")
     from .collectors import load_all
 
     for name, cls in sorted(load_all().items()):
@@ -104,7 +111,7 @@ def cmd_serve(args) -> int:
         config = build_config(read_config_file(args.config), flags, origin=args.config or "flags")
         sidecar = Sidecar(config)
         sidecar.start()
-    except (ConfigError, SpecError) as e:
+    except (ConfigError, SpecError, ValueError) as e:
         print(f"verl-exporter: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -53,6 +53,10 @@ class ServeConfig:
     gpu_pcie_throughput: bool = False
     checkpoint_grace: float = 900.0
     checkpoint_verify: bool = False
+    # automated response (off unless a token is given)
+    control_token_env: str | None = None
+    control_token_file: str | None = None
+    control_file: str | None = None
 
     def const_labels(self, target_labels: tuple[str, ...] = ("run", "rank")) -> dict[str, str]:
         """Labels put on every series: run and rank when set, then the user's --label pairs."""
@@ -161,7 +165,11 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
         if k in ("run", "rank"):
             problems.append(f"label {k!r} is set by --{k}, not --label")
     merged["labels"] = {str(k): str(v) for k, v in labels.items()}
-    for key in ("run", "verl_log", "checkpoint_dir", "spec"):
+    if (merged.get("control_token_env") or merged.get("control_token_file")) and not (
+            merged.get("control_file") or merged.get("checkpoint_dir")):
+        problems.append("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
+    for key in ("run", "verl_log", "checkpoint_dir", "spec", "control_token_env", "control_token_file",
+                "control_file"):
         if merged.get(key) is not None:
             merged[key] = str(merged[key])
     if problems:

@@ -47,11 +47,17 @@ class SafeCollector:
         return families
 
 
-def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: HealthFn, summary: str = ""):
+def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: HealthFn, summary: str = "",
+             handlers=()):
+    """handlers: extra WSGI handlers (e.g. /control) that return None for paths they do not own."""
     metrics_app = make_wsgi_app(registry)
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "/")
+        for handler in handlers:
+            body = handler(environ, start_response)
+            if body is not None:
+                return body
         if path == "/metrics":
             started = time.perf_counter()
             body = metrics_app(environ, start_response)

@@ -11,6 +11,7 @@ from prometheus_client.process_collector import ProcessCollector
 from .collectors import Context
 from .collectors.sampler import Sampler, build_collectors
 from .config import ServeConfig
+from .control import ControlState, default_control_file, make_control_app, read_token
 from .selfmetrics import SelfMetrics
 from .server import HttpServer, SafeCollector, make_app
 from .sources.verl_file import VerlFileFollower
@@ -21,7 +22,8 @@ log = logging.getLogger("verl_exporter")
 
 
 class Sidecar:
-    def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape=None):
+    def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape=None,
+                 control_token: str | None = None, control_file: str | None = None):
         self.config = config
         self.spec = spec or load_spec(config.spec)
         labels = config.const_labels(self.spec.target_labels)
@@ -43,6 +45,15 @@ class Sidecar:
                 config.verl_log, self.store, self.self_metrics, poll_interval=config.poll_interval,
                 max_line_bytes=config.max_line_bytes, recover_bytes=config.recover_bytes)
         self.server: HttpServer | None = None
+        self.control: ControlState | None = None
+        # A Monitor passes its token directly; the CLI's sidecar reads it from env or file.
+        self._control_token = control_token or read_token(config.control_token_env, config.control_token_file)
+        if self._control_token:
+            path = control_file or config.control_file or default_control_file(config.checkpoint_dir)
+            if not path:
+                raise ValueError("the control endpoint needs a control file (or a checkpoint directory)")
+            self.control = ControlState(path)
+            self.self_metrics.inc("verl_exporter_control_requests_total", 0, action="checkpoint", result="accepted")
 
     def context(self) -> Context:
         c = self.config
@@ -63,7 +74,10 @@ class Sidecar:
 
     def start(self) -> Sidecar:
         summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={self.config.rank})."
-        app = make_app(self.registry, self.self_metrics, self.health, summary)
+        handlers = []
+        if self.control:
+            handlers.append(make_control_app(self.control, self._control_token, lambda *_: None, self.self_metrics))
+        app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers)
         self.server = HttpServer(app, self.config.listen).start()
         self.sampler.start()
         if self.follower:

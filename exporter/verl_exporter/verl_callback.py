@@ -71,3 +71,125 @@ class ManifestCheckpointCallback(_CallbackBase):
         started = time.monotonic()
         path = write_manifest(checkpoint_dir)
         log.info("verl-exporter: wrote %s in %.1fs", path, time.monotonic() - started)
+
+
+# ---------------------------------------------------------------------------- step-boundary control
+class _StopAtBoundary(Exception):
+    """Raised from the per-step log call to leave verl's fit() loop right after a step."""
+
+
+class StepControl:
+    """Acts on control requests (verl-exporter's /control endpoint) at verl's step boundaries.
+
+    verl's fit() calls its tracker's ``log()`` once per step, after the step's update and weight sync: the
+    boundary where a checkpoint is consistent. At that call a pending checkpoint request saves one
+    (``trainer._save_checkpoint()``); a stop request saves one and leaves fit() cleanly, so verl's entry
+    point returns normally instead of the job being killed.
+    """
+
+    def __init__(self, control_file: str):
+        from .control import ControlReader
+
+        self.reader = ControlReader(control_file)
+        self.saved_steps: list[int] = []
+        self.stopped_at: int | None = None
+
+    def after_step(self, trainer) -> None:
+        """Called at a step boundary; may save a checkpoint and raise _StopAtBoundary. Never raises else."""
+        try:
+            self.reader.poll()
+            checkpoint = self.reader.take_checkpoint_request()
+            stop = self.reader.stop_requested
+        except Exception as e:
+            log.warning("verl-exporter: cannot read the control file: %r", e)
+            return
+        if not (checkpoint or stop):
+            return
+        step = getattr(trainer, "global_steps", None)
+        reason = self.reader.reason or "control request"
+        try:
+            log.warning("verl-exporter: saving a checkpoint at step %s (%s)", step, reason)
+            trainer._save_checkpoint()
+            self.saved_steps.append(step)
+        except Exception as e:  # a failed save must not also lose the run
+            log.error("verl-exporter: the requested checkpoint at step %s failed: %r", step, e)
+        if stop:
+            self.stopped_at = step
+            log.warning("verl-exporter: stopping at step %s (%s)", step, reason)
+            raise _StopAtBoundary(reason)
+
+
+def install_step_control(trainer_cls, control_file: str) -> StepControl:
+    """Wrap ``trainer_cls.fit`` so that verl's per-step ``Tracking.log`` call runs StepControl.after_step.
+
+    Idempotent per class. Trainers that override fit() need to call ``control.after_step(self)`` themselves.
+    """
+    from verl.utils import tracking
+
+    control = StepControl(control_file)
+    if getattr(trainer_cls.fit, "_verl_exporter_wrapped", False):
+        trainer_cls.fit._verl_exporter_control[0] = control
+        return control
+    original_fit = trainer_cls.fit
+    original_log = tracking.Tracking.log
+    holder = [control]
+
+    def fit(self, *args, **kwargs):
+        active = holder[0]
+
+        def log_then_control(tracker, data, step, backend=None):
+            original_log(tracker, data=data, step=step, backend=backend)
+            active.after_step(self)
+
+        tracking.Tracking.log = log_then_control
+        try:
+            return original_fit(self, *args, **kwargs)
+        except _StopAtBoundary:
+            shutdown = getattr(self, "_shutdown_dump_executor", None)
+            if callable(shutdown):
+                shutdown()
+            return None
+        finally:
+            tracking.Tracking.log = original_log
+
+    fit._verl_exporter_wrapped = True
+    fit._verl_exporter_control = holder
+    trainer_cls.fit = fit
+    return control
+
+
+class ControlledCheckpointCallback(ManifestCheckpointCallback):
+    """ManifestCheckpointCallback plus step-boundary control of verl's RayPPOTrainer.
+
+        trainer.checkpoint_callback_class=verl_exporter.verl_callback.ControlledCheckpointCallback
+
+    verl builds the callback inside the process that runs fit(), which is where the hook must live. The
+    control file is the sidecar's default, ``<trainer.default_local_dir>/.verl-exporter-control.json``, or
+    $VERL_EXPORTER_CONTROL_FILE.
+    """
+
+    def __init__(self, config=None):
+        super().__init__(config=config)
+        self.control: StepControl | None = None
+        try:
+            import os
+
+            from .control import default_control_file
+
+            path = os.environ.get("VERL_EXPORTER_CONTROL_FILE") or default_control_file(
+                _get(config, "trainer", "default_local_dir"))
+            if path:
+                from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+                self.control = install_step_control(RayPPOTrainer, path)
+        except Exception as e:  # never break the trainer's construction
+            log.warning("verl-exporter: step control is off: %r", e)
+
+
+def _get(config, *keys):
+    node = config
+    for k in keys:
+        if node is None:
+            return None
+        node = node.get(k) if hasattr(node, "get") else getattr(node, k, None)
+    return node

@@ -16,7 +16,9 @@ Two ways to publish:
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -24,7 +26,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ServeConfig
+from ..control import ControlReader
 from ..selfmetrics import SelfMetrics
+
+log = logging.getLogger("verl_exporter")
 
 SOURCE = "monitor"
 COMPONENT = "monitor"
@@ -50,9 +55,20 @@ def _jsonable(value: Any) -> Any:
 
 class Monitor:
     def __init__(self, *, listen: str | None = None, sidecar_file: str | None = None, run: str | None = None,
-                 rank: int | None = None, queue_size: int = 4096, torch_memory: bool = False, spec=None):
+                 rank: int | None = None, queue_size: int = 4096, torch_memory: bool = False, spec=None,
+                 control_file: str | None = None, control_token: str | None = None, breaker=None,
+                 on_control=None):
+        """
+        control_file: where checkpoint/stop requests arrive (written by a sidecar's or this Monitor's
+            /control endpoint); should_checkpoint() / should_stop() report them.
+        control_token: enables POST /control/{checkpoint,stop} on this Monitor's own endpoint (listen mode).
+        breaker: a CircuitBreaker, or True for one built from the spec's critical alerts.
+        on_control: called as on_control(action, reason) from the worker thread when a request arrives.
+        """
         if (listen is None) == (sidecar_file is None):
             raise ValueError("Monitor needs exactly one of listen='HOST:PORT' or sidecar_file=PATH")
+        if control_token and listen is None:
+            raise ValueError("control_token needs listen=...: the endpoint is served by this Monitor")
         self._queue: deque = deque(maxlen=queue_size)
         self._maxlen = queue_size
         # Written by the training thread only; the worker publishes the difference (no lost increments).
@@ -63,6 +79,16 @@ class Monitor:
         self._sidecar = None
         self._file = None
         self._file_path = sidecar_file
+        self._on_control = on_control
+        self._control_lock = threading.Lock()  # between the worker and should_*(); never the scraper's
+        self._checkpoint_requested = False
+        self._stop_requested = False
+        self.control_reason = ""
+        if control_token and control_file is None:
+            import tempfile
+
+            control_file = os.path.join(tempfile.mkdtemp(prefix="verl-exporter-control-"), "control.json")
+        self._control = ControlReader(control_file) if control_file else None
         if listen is not None:
             from ..collectors import load_all
             from ..sidecar import Sidecar
@@ -70,13 +96,20 @@ class Monitor:
             # In the training process only what the process itself knows: no host or GPU collectors
             # (the per-rank sidecar has those), and torch's allocator stats when asked for.
             config = ServeConfig(listen=listen, run=run, rank=rank, collectors={n: False for n in load_all()})
-            self._sidecar = Sidecar(config, spec=spec, before_scrape=self.drain)
+            self._sidecar = Sidecar(config, spec=spec, before_scrape=self.drain, control_token=control_token,
+                                    control_file=control_file)
             self._torch = None
             if torch_memory:
                 self._torch_collector(memory=True)
             self._self: SelfMetrics = self._sidecar.self_metrics
             self._self.inc("verl_exporter_lines_parsed_total", 0, source=SOURCE)
             self._sidecar.start()
+        if breaker is True:
+            from ..breaker import CircuitBreaker, rules_from_spec
+            from ..spec import load_spec
+
+            breaker = CircuitBreaker(rules_from_spec(spec or load_spec()))
+        self.breaker = breaker or None
         self._worker = threading.Thread(target=self._run, name="verl-exporter-monitor", daemon=True)
         self._worker.start()
 
@@ -100,6 +133,44 @@ class Monitor:
     def on_batch_end(self, batch: int, logs: Mapping | None = None) -> None:
         if logs:
             self.log(logs, step=batch)
+
+    # ------------------------------------------------------------------ automated response
+    def should_checkpoint(self) -> bool:
+        """True once for each checkpoint request (from the control endpoint or the circuit breaker)."""
+        with self._control_lock:
+            requested, self._checkpoint_requested = self._checkpoint_requested, False
+        return requested
+
+    def should_stop(self) -> bool:
+        """True once a stop was requested; stays true (a stop request is idempotent)."""
+        return self._stop_requested
+
+    def _request(self, action: str, reason: str) -> None:
+        with self._control_lock:
+            if action == "checkpoint":
+                self._checkpoint_requested = True
+            elif self._stop_requested:
+                return
+            else:
+                self._stop_requested = True
+            self.control_reason = reason
+        if self._sidecar:
+            self._self.inc("verl_exporter_control_requests_total", action=action, result="delivered")
+        if self._on_control:
+            try:
+                self._on_control(action, reason)
+            except Exception as e:
+                if self._sidecar:
+                    self._self.problem(COMPONENT, "on_control", f"on_control callback failed: {e!r}")
+
+    def _poll_control(self) -> None:
+        if self._control is None:
+            return
+        self._control.poll()
+        if self._control.take_checkpoint_request():
+            self._request("checkpoint", self._control.reason)
+        if self._control.stop_requested and not self._stop_requested:
+            self._request("stop", self._control.reason)
 
     def grad_watch(self):
         """A GradWatch whose values this Monitor's endpoint exports (verl_torch_grad_norm, ...)."""
@@ -144,6 +215,11 @@ class Monitor:
     def _run(self) -> None:
         while not self._stop.wait(_WORKER_PERIOD_S):
             self.drain()
+            try:
+                self._poll_control()
+            except Exception as e:
+                if self._sidecar:
+                    self._self.problem(COMPONENT, "control", f"reading the control file failed: {e!r}")
 
     def drain(self) -> None:
         """Move everything queued into the store or the file. One drainer at a time keeps step order."""
@@ -152,6 +228,8 @@ class Monitor:
                 self._publish_drops()
                 while self._queue:
                     step, data, seen_at = self._queue.popleft()
+                    if self.breaker is not None:
+                        self._observe_breaker(step, data)
                     if self._sidecar:
                         self._sidecar.store.ingest(step, data, seen_at)
                         self._self.inc("verl_exporter_lines_parsed_total", source=SOURCE)
@@ -162,6 +240,20 @@ class Monitor:
             except Exception as e:  # monitoring never raises into training, nor kills its worker
                 if self._sidecar:
                     self._self.problem(COMPONENT, "drain", f"could not publish a step: {e!r}")
+
+    def _observe_breaker(self, step, data) -> None:
+        anomalies, trip = self.breaker.observe(step, data)
+        if self._sidecar:
+            for a in anomalies:
+                self._self.inc("verl_exporter_breaker_anomalies_total", key=a.key, kind=a.kind)
+        if trip is not None:
+            if self._sidecar:
+                self._self.inc("verl_exporter_breaker_trips_total")
+            reason = f"circuit breaker tripped at step {trip.step}: " + ", ".join(
+                f"{a.key} {a.kind}" for a in trip.anomalies)
+            log.error("verl-exporter: %s; report: %s", reason, trip.report_path or "(no report_dir)")
+            self._request("checkpoint", reason)
+            self._request("stop", reason)
 
     def _publish_drops(self) -> None:
         dropped = self._dropped

@@ -1,0 +1,199 @@
+"""Automated response: requests to checkpoint or stop a run, from an alert (via the relay) or a person.
+
+Off by default. When enabled with a token, the rank-0 sidecar (or an in-process Monitor) accepts
+``POST /control/checkpoint`` and ``POST /control/stop`` with ``Authorization: Bearer <token>`` and records the
+request in a small JSON control file. The training process reads that file at its step boundaries
+(``Monitor.should_checkpoint()`` / ``should_stop()``, or the verl callback in ``verl_callback.py``):
+
+    {"version": 1, "checkpoint_seq": 3, "checkpoint_time": 1796000000.0,
+     "stop": true, "stop_time": 1796000100.0, "reason": "VerlNonFiniteGradNorm"}
+
+A reader ignores requests older than its own start, so a file left by a previous run never stops a new
+one. A stop request is idempotent: asking again changes nothing. Every request is counted and logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("verl_exporter")
+
+ACTIONS = ("checkpoint", "stop")
+MAX_BODY = 4096
+CONTROL_FILE_NAME = ".verl-exporter-control.json"
+
+
+def default_control_file(checkpoint_dir: str | None) -> str | None:
+    return str(Path(checkpoint_dir) / CONTROL_FILE_NAME) if checkpoint_dir else None
+
+
+def read_token(env: str | None = None, file: str | None = None) -> str | None:
+    """The control token from an environment variable or a file; never logged."""
+    if env:
+        value = os.environ.get(env, "")
+        if not value:
+            raise ValueError(f"the control token variable {env} is not set or empty")
+        return value
+    if file:
+        try:
+            value = Path(file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ValueError(f"cannot read the control token file {file}: {e.strerror}") from None
+        if not value:
+            raise ValueError(f"the control token file {file} is empty")
+        return value
+    return None
+
+
+class ControlState:
+    """The writer side: applies requests to the control file, atomically (write a temp file, rename)."""
+
+    def __init__(self, path: str, clock=time.time):
+        self.path = Path(path)
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def read(self) -> dict:
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            return doc if isinstance(doc, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def request(self, action: str, reason: str = "") -> tuple[dict, bool]:
+        """Apply one request; returns (new state, changed). A repeated stop does not change anything."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+        with self._lock:
+            state = {"version": 1, "checkpoint_seq": 0, "stop": False, **self.read()}
+            now = self._clock()
+            if action == "checkpoint":
+                state["checkpoint_seq"] = int(state.get("checkpoint_seq", 0)) + 1
+                state["checkpoint_time"] = now
+                changed = True
+            else:
+                changed = not state.get("stop")
+                if changed:
+                    state["stop"] = True
+                    state["stop_time"] = now
+            if changed:
+                state["reason"] = reason[:200]
+                self._write(state)
+            return state, changed
+
+    def _write(self, state: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".control-", dir=str(self.path.parent))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(state, f, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class ControlReader:
+    """The training side: cheap to ask every step (a stat, a read only when the file changed)."""
+
+    def __init__(self, path: str, clock=time.time):
+        self.path = Path(path)
+        self._started = clock()
+        self._mtime: float | None = None
+        self._seen_seq: int | None = None
+        self._pending_checkpoints = 0
+        self._stop = False
+        self.reason = ""
+
+    def poll(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        seq = int(doc.get("checkpoint_seq", 0) or 0)
+        if self._seen_seq is None:
+            # First look: requests made before this process started belong to an earlier run.
+            fresh = float(doc.get("checkpoint_time", 0) or 0) >= self._started
+            self._seen_seq = seq - (1 if fresh and seq else 0)
+        if seq > self._seen_seq:
+            self._pending_checkpoints += seq - self._seen_seq
+            self._seen_seq = seq
+            self.reason = str(doc.get("reason", ""))
+        if doc.get("stop") and float(doc.get("stop_time", 0) or 0) >= self._started and not self._stop:
+            self._stop = True
+            self.reason = str(doc.get("reason", ""))
+
+    def take_checkpoint_request(self) -> bool:
+        """True once per checkpoint request (edge-triggered)."""
+        if self._pending_checkpoints:
+            self._pending_checkpoints = 0
+            return True
+        return False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop
+
+
+def make_control_app(state: ControlState, token: str, on_request, self_metrics):
+    """WSGI handler for /control/<action>; returns None for paths it does not own."""
+
+    def handle(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith("/control/"):
+            return None
+        action = path[len("/control/"):]
+
+        def reply(code: str, body: dict, result: str):
+            self_metrics.inc("verl_exporter_control_requests_total", action=action if action in ACTIONS else "other",
+                             result=result)
+            data = json.dumps(body).encode()
+            start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+            return [data]
+
+        if environ.get("REQUEST_METHOD") != "POST":
+            return reply("405 Method Not Allowed", {"error": "use POST"}, "bad_request")
+        if action not in ACTIONS:
+            return reply("404 Not Found", {"error": f"unknown action; use one of {list(ACTIONS)}"}, "bad_request")
+        given = environ.get("HTTP_AUTHORIZATION", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return reply("401 Unauthorized", {"error": "missing or wrong bearer token"}, "unauthorized")
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY:
+            return reply("413 Payload Too Large", {"error": f"body over {MAX_BODY} bytes"}, "bad_request")
+        reason = ""
+        if length:
+            try:
+                body = json.loads(environ["wsgi.input"].read(length) or b"{}")
+                reason = str(body.get("reason", "")) if isinstance(body, dict) else ""
+            except ValueError:
+                return reply("400 Bad Request", {"error": "the body must be JSON"}, "bad_request")
+        try:
+            new_state, changed = state.request(action, reason)
+        except OSError as e:
+            return reply("503 Service Unavailable", {"error": f"cannot write the control file: {e.strerror}"},
+                         "failed")
+        log.warning("control: %s requested%s (%s)", action, f" because {reason}" if reason else "",
+                    "applied" if changed else "already requested")
+        on_request(action, changed)
+        return reply("200 OK", {"action": action, "applied": changed, "state": new_state},
+                     "accepted" if changed else "repeated")
+
+    return handle
