@@ -80,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--spec", metavar="FILE", help="render from this spec instead of the packaged one")
 
     from . import checkpoint_cli
+    from .relay import add_parser as relay_parser
 
     checkpoint_cli.add_parser(sub)
+    relay_parser(sub)
 
     demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) into a live sidecar")
     demo.add_argument("--listen", default="127.0.0.1:9477", metavar="HOST:PORT")
@@ -189,8 +191,14 @@ def cmd_checkpoint(args) -> int:
     return checkpoint_cli.run(args)
 
 
+def cmd_relay(args) -> int:
+    from .relay import run
+
+    return run(args)
+
+
 COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo,
-            "checkpoint": cmd_checkpoint}
+            "checkpoint": cmd_checkpoint, "relay": cmd_relay}
 
 
 def main(argv: list[str] | None = None) -> int:

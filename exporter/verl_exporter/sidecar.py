@@ -32,13 +32,13 @@ class Sidecar:
         self.registry = CollectorRegistry(auto_describe=False)
         if before_scrape is not None:  # registered first: it runs before every other collector
             self.registry.register(_BeforeScrape(before_scrape))
-        self.registry.register(SafeCollector(self.store, "training", self.self_metrics))
         self.registry.register(SafeCollector(self.self_metrics, "exporter", self.self_metrics))
         # client_python's standard process_* series: the sidecar's own CPU and memory.
         ProcessCollector(registry=self.registry)
         self.sampler = Sampler(build_collectors(config.collectors, self.context()), self.spec, self.self_metrics,
                                labels, interval=config.interval, slow_interval=config.slow_interval)
-        self.registry.register(SafeCollector(self.sampler, "sampler", self.self_metrics))
+        # The training store's and the sampler's series are rendered by exposition.py (fast, cached
+        # prefixes); the registry keeps the sidecar's own health and client_python's process_* series.
         self.follower: VerlFileFollower | None = None
         if config.verl_log:
             self.follower = VerlFileFollower(
@@ -77,7 +77,8 @@ class Sidecar:
         handlers = []
         if self.control:
             handlers.append(make_control_app(self.control, self._control_token, lambda *_: None, self.self_metrics))
-        app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers)
+        app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
+                       renderers=[self.store.render, self.sampler.render])
         self.server = HttpServer(app, self.config.listen).start()
         self.sampler.start()
         if self.follower:

@@ -12,12 +12,11 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
-
+from .exposition import FamilyRenderer
 from .families import family
 from .mapper import KeyMapper, unmapped_name
 from .selfmetrics import SelfMetrics
-from .spec import Spec
+from .spec import MetricSpec, Spec
 
 DEFAULT_MAX_UNMAPPED = 100
 # Deeper nesting than this in a logged dict is not flattened further (a guard against cycles and abuse).
@@ -79,6 +78,8 @@ class TrainingStore:
         self._step_metric = spec.with_field("step")
         self._step_time_metric = spec.with_field("step_time")
         self._nonfinite_metric = spec.with_field("nonfinite")
+        self._unmapped_specs: dict[str, MetricSpec] = {}
+        self._renderer = FamilyRenderer(self._const)
 
     # ------------------------------------------------------------------ writing
     def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
@@ -171,22 +172,36 @@ class TrainingStore:
             entry = self._unmapped.get(name)
             return entry[1] if entry else None
 
-    def collect(self):
+    def families(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
+        """A consistent copy of every family, taken under the lock; built into text outside it."""
         with self._lock:
             series = {name: dict(values) for name, values in self._series.items()}
             unmapped = dict(self._unmapped)
             nonfinite = dict(self._nonfinite)
             step, step_time = self._step, self._step_time
+        out: list[tuple[MetricSpec, dict]] = []
         if step is not None:
-            yield family(self._step_metric, {(): step}, self._const)
-            yield family(self._step_time_metric, {(): step_time}, self._const)
-        yield family(self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}, self._const)
-        for name in sorted(series):
-            yield family(self._spec[name], series[name], self._const)
-        const_names, const_values = list(self._const), list(self._const.values())
+            out.append((self._step_metric, {(): step}))
+            out.append((self._step_time_metric, {(): step_time}))
+        out.append((self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}))
+        out.extend((self._spec[name], series[name]) for name in sorted(series))
         for name in sorted(unmapped):
             key, value = unmapped[name]
-            fam = GaugeMetricFamily(name, f"Unmapped verl key {key!r} (no spec entry matches it).",
-                                    labels=const_names)
-            fam.add_metric(const_values, value)
-            yield fam
+            out.append((self._unmapped_spec(name, key), {(): value}))
+        return out
+
+    def _unmapped_spec(self, name: str, key: str) -> MetricSpec:
+        """An ad-hoc gauge entry for an unmapped key (cached: the cap bounds how many there are)."""
+        metric = self._unmapped_specs.get(name)
+        if metric is None:
+            metric = MetricSpec(name=name, type="gauge", unit="", help=f"Unmapped verl key {key!r} "
+                                "(no spec entry matches it).", layer="data", labels=())
+            self._unmapped_specs[name] = metric
+        return metric
+
+    def collect(self):
+        for metric, rows in self.families():
+            yield family(metric, rows, self._const)
+
+    def render(self, openmetrics: bool = False) -> str:
+        return self._renderer.render(self.families(), openmetrics)

@@ -13,10 +13,11 @@ import threading
 import time
 from collections.abc import Iterable
 
+from ..exposition import FamilyRenderer
 from ..families import family
 from ..selfmetrics import SelfMetrics
-from ..spec import Spec
-from .base import Collector, Sample
+from ..spec import MetricSpec, Spec
+from .base import Collector
 
 log = logging.getLogger("verl_exporter")
 
@@ -32,10 +33,11 @@ class Sampler:
         self._spec = spec
         self._self = self_metrics
         self._const = dict(const_labels or {})
+        self._renderer = FamilyRenderer(self._const)
         self._interval = interval
         self._slow_interval = slow_interval
-        # collector name -> (fast samples, slow samples); replaced whole, never mutated in place
-        self._latest: dict[str, tuple[list[Sample], list[Sample]]] = {c.name: ([], []) for c in self.collectors}
+        # collector name -> (fast rows, slow rows) as {metric: {label values: value}}; replaced whole, never mutated
+        self._latest: dict[str, tuple[dict, dict]] = {c.name: ({}, {}) for c in self.collectors}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -48,7 +50,7 @@ class Sampler:
 
     def add(self, c: Collector) -> None:
         """Add a collector, also while running (e.g. Monitor.grad_watch() after start)."""
-        self._latest[c.name] = ([], [])
+        self._latest[c.name] = ({}, {})
         self.collectors.append(c)
         if self._started:
             self._start_thread(c)
@@ -81,10 +83,9 @@ class Sampler:
         """One sample of one collector (the slow reads too when slow=True); True when it succeeded."""
         started = time.perf_counter()
         try:
-            fast = list(c.sample())
-            previous_slow = self._latest[c.name][1]
-            slow_samples = list(c.sample_slow()) if slow else previous_slow
-            self._latest[c.name] = (fast, slow_samples)
+            fast = self._group(c.name, c.sample())
+            slow_rows = self._group(c.name, c.sample_slow()) if slow else self._latest[c.name][1]
+            self._latest[c.name] = (fast, slow_rows)
             ok = True
         except Exception as e:
             self._self.problem(c.name, "sample", f"sample failed: {e!r}")
@@ -97,24 +98,47 @@ class Sampler:
                            collector=c.name)
         return ok
 
+    def _group(self, collector: str, samples) -> dict[str, dict[tuple[str, ...], float]]:
+        """Samples keyed by metric and label values, once per sample rather than on every scrape."""
+        out: dict[str, dict[tuple[str, ...], float]] = {}
+        for metric_name, labels, value in samples:
+            try:
+                metric = self._spec[metric_name]
+                key = tuple(str(labels[label]) for label in metric.labels)
+            except KeyError as e:
+                self._self.problem(collector, "bad_sample", f"sample {metric_name}{labels} does not fit the spec: {e}")
+                continue
+            out.setdefault(metric_name, {})[key] = value
+        return out
+
     # ------------------------------------------------------------------ scrape side
-    def collect(self):
+    def families(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
+        """The latest samples of every collector, grouped by spec entry and capped by its max_series."""
         by_metric: dict[str, dict[tuple[str, ...], float]] = {}
-        for name, (fast, slow) in list(self._latest.items()):
-            for metric_name, labels, value in fast + slow:
-                try:
-                    metric = self._spec[metric_name]
-                    key = tuple(str(labels[label]) for label in metric.labels)
-                except KeyError as e:
-                    self._self.problem(name, "bad_sample", f"sample {metric_name}{labels} does not fit the spec: {e}")
-                    continue
-                series = by_metric.setdefault(metric_name, {})
-                if key not in series and len(series) >= metric.max_series:
-                    self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
-                    continue
-                series[key] = value
-        for metric_name in sorted(by_metric):
-            yield family(self._spec[metric_name], by_metric[metric_name], self._const)
+        for fast, slow in list(self._latest.values()):
+            for part in (fast, slow):
+                for metric_name, rows in part.items():
+                    series = by_metric.get(metric_name)
+                    if series is None:
+                        by_metric[metric_name] = series = {}
+                    cap = self._spec[metric_name].max_series
+                    if len(series) + len(rows) <= cap:
+                        series.update(rows)
+                        continue
+                    for key, value in rows.items():
+                        if key in series or len(series) < cap:
+                            series[key] = value
+                        else:
+                            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+        return [(self._spec[name], by_metric[name]) for name in sorted(by_metric)]
+
+    def collect(self):
+        for metric, rows in self.families():
+            yield family(metric, rows, self._const)
+
+    def render(self, openmetrics: bool = False) -> str:
+        """The exposition text of the latest samples (what a scrape serves; see exposition.py)."""
+        return self._renderer.render(self.families(), openmetrics)
 
 
 def build_collectors(enabled: dict[str, bool], ctx) -> list[Collector]:

@@ -1,0 +1,71 @@
+"""Fast text exposition for families whose series are stable between scrapes (the collectors' samples).
+
+client_python renders every sample through generic code on each scrape; with 8 GPUs (over a thousand
+series) that alone made a scrape slower than node_exporter's. Series keys barely change between
+scrapes, so the escaped ``name{labels} `` prefix of each series and each family's HELP/TYPE header are
+cached; a scrape then only formats the values. The output is the same text format (0.0.4) or
+OpenMetrics 1.0 that client_python writes, which the tests check with client_python's own parser and
+``promtool check metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client.utils import floatToGoString
+
+from .spec import MetricSpec
+
+_PREFIX_CACHE_LIMIT = 100_000
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _escape_help(text: str, openmetrics: bool) -> str:
+    text = text.replace("\\", r"\\").replace("\n", r"\n")
+    return text.replace('"', r"\"") if openmetrics else text
+
+
+class FamilyRenderer:
+    """Renders (spec entry, {label values: value}) families with cached headers and series prefixes."""
+
+    def __init__(self, const_labels: Mapping[str, str] | None = None):
+        self._const = dict(const_labels or {})
+        self._const_text = ",".join(f'{k}="{_escape_label(v)}"' for k, v in self._const.items())
+        self._headers: dict[tuple[str, bool], str] = {}
+        self._prefixes: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    def _header(self, metric: MetricSpec, openmetrics: bool) -> str:
+        cached = self._headers.get((metric.name, openmetrics))
+        if cached is None:
+            name = metric.name
+            if metric.type == "counter" and openmetrics:
+                name = name[: -len("_total")]  # OpenMetrics names the family without the suffix
+            cached = (f"# HELP {name} {_escape_help(metric.help, openmetrics)}\n"
+                      f"# TYPE {name} {metric.type}\n")
+            self._headers[(metric.name, openmetrics)] = cached
+        return cached
+
+    def _prefix(self, metric: MetricSpec, key: tuple[str, ...]) -> str:
+        cached = self._prefixes.get((metric.name, key))
+        if cached is None:
+            pairs = ",".join(f'{n}="{_escape_label(v)}"' for n, v in zip(metric.labels, key, strict=True))
+            labels = ",".join(p for p in (pairs, self._const_text) if p)
+            cached = f"{metric.name}{{{labels}}} " if labels else f"{metric.name} "
+            if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
+                self._prefixes.clear()
+            self._prefixes[(metric.name, key)] = cached
+        return cached
+
+    def render(self, families: Iterable[tuple[MetricSpec, Mapping[tuple[str, ...], float]]],
+               openmetrics: bool = False) -> str:
+        out: list[str] = []
+        for metric, rows in families:
+            out.append(self._header(metric, openmetrics))
+            for key, value in sorted(rows.items()):
+                out.append(self._prefix(metric, key))
+                out.append(floatToGoString(value))
+                out.append("\n")
+        return "".join(out)

@@ -1,0 +1,11 @@
+"""verl-exporter relay: Alertmanager webhooks → DingTalk and WeCom group robots.
+
+Alertmanager has no DingTalk receiver, and its WeChat receiver speaks the WeCom *app* API, not the group
+robot. The relay takes Alertmanager's webhook, routes each alert to robot targets, formats safe messages
+within the robots' size limits, and delivers them within their rate limits, retrying what can be retried
+and spooling what is left at shutdown.
+"""
+
+from .cli import add_parser, main, run
+
+__all__ = ["add_parser", "main", "run"]

@@ -1,0 +1,199 @@
+"""The relay's web side: the Alertmanager webhook, /healthz and /metrics; and the Relay that runs it all.
+
+POST /alert/<receiver> answers fast and never waits on a robot: the alerts are queued, then 200.
+  401 bearer token required and missing/wrong   413 body over max_body_bytes
+  400 not a webhook payload (the message says what is wrong)   404 no route knows this receiver
+  503 queue full or shutting down: Alertmanager retries the notification
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import threading
+
+from prometheus_client import make_wsgi_app
+
+from ..server import HttpServer
+from .config import RelayConfig
+from .dispatch import Dispatcher, Draining, QueueFull
+from .metrics import RelayMetrics
+from .payload import PayloadError, parse_payload
+from .senders import Sender, scrub
+
+log = logging.getLogger("verl_exporter.relay")
+
+_PATH_RE = re.compile(r"^/alert/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/?$")
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Payload Too Large", 503: "Service Unavailable"}
+
+
+class RelayApp:
+    """A WSGI app; knows the config (auth, limits, routes), the dispatcher and the metrics."""
+
+    def __init__(self, config: RelayConfig, dispatcher: Dispatcher, metrics: RelayMetrics):
+        self.config = config
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.draining = False
+        self._metrics_app = make_wsgi_app(metrics.registry())
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        method = environ.get("REQUEST_METHOD", "GET")
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)
+        if path == "/healthz":
+            return self._health(start_response)
+        if not path.startswith("/alert/"):
+            return _json(start_response, 404, {"error": "not found: POST /alert/<receiver>, GET /metrics, /healthz"})
+        code, body = self._webhook(environ, path, method)
+        return _json(start_response, code, body)
+
+    def _webhook(self, environ, path: str, method: str) -> tuple[int, dict]:
+        m = _PATH_RE.match(path)
+        receiver = m.group(1) if m else ""
+        known = bool(receiver) and self.config.knows_receiver(receiver)
+        label = self.metrics.receiver_label(receiver) if known else "unknown"
+        code, body = self._handle(environ, receiver, known, method)
+        self.metrics.inc("verl_relay_requests_total", receiver=label, code=str(code))
+        if code >= 400 and code != 503:
+            detail = "; ".join(body.get("problems", [])[:3])
+            log.warning("webhook %s: %d %s%s", label, code, body.get("error", ""), f": {detail}" if detail else "")
+        return code, body
+
+    def _handle(self, environ, receiver: str, known: bool, method: str) -> tuple[int, dict]:
+        if method != "POST":
+            return 405, {"error": "use POST"}
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return 400, {"error": "bad Content-Length"}
+        if not self._authorized(environ):
+            _discard(environ, length, self.config.max_body_bytes)
+            return 401, {"error": "missing or wrong bearer token"}
+        if not known:
+            _discard(environ, length, self.config.max_body_bytes)
+            return 404, {"error": "no route of the relay config takes this receiver"}
+        if length > self.config.max_body_bytes:
+            _discard(environ, length, 16 * self.config.max_body_bytes)
+            return 413, {"error": f"body of {length} bytes is over max_body_bytes ({self.config.max_body_bytes})"}
+        body = environ["wsgi.input"].read(length) if length > 0 else b""
+        try:
+            payload = parse_payload(body)
+        except PayloadError as e:
+            return 400, {"error": "not an Alertmanager webhook payload (version 4)", "problems": e.problems}
+        if self.draining:
+            return 503, {"error": "the relay is shutting down; retry"}
+        if payload.truncated_alerts:
+            log.warning("webhook %s: Alertmanager truncated %d alert(s) of this group (max_alerts)", receiver,
+                        payload.truncated_alerts)
+        try:
+            queued = self.dispatcher.submit(receiver, list(payload.alerts))
+        except QueueFull as e:
+            log.warning("webhook %s: the queue of target %s is full; answered 503 so Alertmanager retries",
+                        receiver, e)
+            return 503, {"error": f"the queue of target {e} is full; retry"}
+        except Draining:
+            return 503, {"error": "the relay is shutting down; retry"}
+        return 200, {"status": "queued", "alerts": len(payload.alerts), "targets": queued}
+
+    def _authorized(self, environ) -> bool:
+        token = self.config.bearer_token
+        if token is None:
+            return True
+        header = environ.get("HTTP_AUTHORIZATION", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(given.strip().encode(), token.reveal().encode())
+
+    def _health(self, start_response):
+        targets = {}
+        for name, w in self.dispatcher.workers.items():
+            depth, oldest = w.state()
+            targets[name] = {"type": w.target.type, "queue_depth": depth, "oldest_queued_seconds": round(oldest, 3),
+                             "last_success_unix": w.last_success}
+        healthy = not self.draining
+        return _json(start_response, 200 if healthy else 503,
+                     {"status": "ok" if healthy else "draining", "targets": targets})
+
+
+def _discard(environ, length: int, cap: int) -> None:
+    """Read (and drop) a refused body, up to cap, so the client can read our answer instead of a reset."""
+    left = min(length, cap)
+    stream = environ["wsgi.input"]
+    while left > 0:
+        chunk = stream.read(min(left, 65536))
+        if not chunk:
+            break
+        left -= len(chunk)
+
+
+def _json(start_response, code: int, body: dict):
+    data = json.dumps(body, sort_keys=True).encode()
+    start_response(f"{code} {_REASONS.get(code, '')}",
+                   [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+class _ScrubFilter(logging.Filter):
+    """Defence in depth: whatever reaches the relay's logger is scrubbed of every configured secret."""
+
+    def __init__(self, secrets: list[str]):
+        super().__init__()
+        self._secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = scrub(message, self._secrets)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:  # formatters reuse exc_text when it is set
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), self._secrets)
+        return True
+
+
+class Relay:
+    """The whole relay: spool reload, workers, HTTP server; stop() drains and spools."""
+
+    def __init__(self, config: RelayConfig, listen: str | None = None, senders: dict[str, Sender] | None = None,
+                 metrics: RelayMetrics | None = None):
+        self.config = config
+        self.metrics = metrics or RelayMetrics()
+        self.dispatcher = Dispatcher(config, self.metrics, senders)
+        self.app = RelayApp(config, self.dispatcher, self.metrics)
+        self._listen = listen or config.listen
+        self._filter = _ScrubFilter(config.secrets())
+        self._server: HttpServer | None = None
+        self._stopped = threading.Event()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() first"
+        return self._server.url
+
+    def start(self) -> Relay:
+        log.addFilter(self._filter)
+        self.dispatcher.load_spool()
+        self.dispatcher.start()
+        self._server = HttpServer(self.app, self._listen).start()
+        log.info("relay listening on %s; targets: %s", self._server.url,
+                 ", ".join(f"{n} ({t.type})" for n, t in self.config.targets.items()))
+        return self
+
+    def stop(self, drain_seconds: float | None = None) -> dict[str, int]:
+        """Answer 503 to new webhooks, drain, spool the rest, stop serving. {target: alerts left over}."""
+        if self._stopped.is_set():
+            return {}
+        self._stopped.set()
+        self.app.draining = True
+        seconds = self.config.delivery.drain_seconds if drain_seconds is None else drain_seconds
+        left = self.dispatcher.drain(seconds)
+        self.dispatcher.spool(left)
+        if self._server is not None:
+            self._server.stop()
+        log.removeFilter(self._filter)
+        return {t: len(items) for t, items in left.items()}

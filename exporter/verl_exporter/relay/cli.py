@@ -1,0 +1,76 @@
+"""`verl-exporter relay --config FILE [--listen HOST:PORT] [--check-config]` (argparse only).
+
+The main command line adds it with add_parser(subparsers) and run(args); `python -m verl_exporter.relay`
+uses main().
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+DESCRIPTION = ("Relay Alertmanager webhooks (POST /alert/<receiver>) to DingTalk and WeCom group robots, "
+               "within their rate and size limits. Also serves /healthz and /metrics.")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("relay", help="relay Alertmanager webhooks to DingTalk / WeCom group robots",
+                              description=DESCRIPTION)
+    _flags(p)
+    return p
+
+
+def _flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, metavar="FILE", help="relay config (see alertmanager/relay.example.yaml)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default: the config's, 127.0.0.1:9095)")
+    p.add_argument("--check-config", action="store_true",
+                   help="load the config (secrets and templates included), print a summary, and exit")
+
+
+def run(args) -> int:
+    from ..server import parse_listen
+    from .app import Relay
+    from .config import RelayConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+        if args.listen:
+            parse_listen(args.listen)
+    except (RelayConfigError, ValueError) as e:
+        print(f"verl-exporter relay: {e}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        for name, t in config.targets.items():
+            signed = ", signed" if t.secret is not None else ""
+            print(f"target {name}: {t.type} {t.format}{signed}, {t.rate_per_minute}/min, token from {t.token.source}")
+        for i, r in enumerate(config.routes):
+            cond = (f"receivers {list(r.receivers)}" if r.receivers else "any receiver") + (
+                f" and {len(r.matchers)} matcher(s)" if r.matchers else "")
+            print(f"route {i}: {cond} -> {list(r.targets) or 'nowhere'}{' (continue)' if r.continue_ else ''}")
+        print("config ok")
+        return 0
+    relay = Relay(config, listen=args.listen)
+    try:
+        relay.start()
+    except OSError as e:
+        print(f"verl-exporter relay: cannot listen on {args.listen or config.listen}: {e.strerror}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    left = relay.stop()
+    logging.getLogger("verl_exporter.relay").info("relay stopped; %d alert(s) left over", sum(left.values()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="verl-exporter relay", description=DESCRIPTION)
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    _flags(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(args)

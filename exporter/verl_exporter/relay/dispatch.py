@@ -1,0 +1,388 @@
+"""Delivery: one worker thread per target, between the webhook (which only queues) and the robot.
+
+- Rate: at most ``rate_per_minute`` attempts in any window, counted from each attempt's end, so the robot
+  (which counts arrivals) never sees more: DingTalk locks a robot for 10 minutes beyond 20 a minute.
+- Merging: a message is built when the rate allows one, from as many queued alerts as fit, so a pile-up
+  becomes fewer, fuller messages instead of drops. A newer state of an alert that is still queued replaces
+  the older one in place (counted as superseded).
+- Accounting: every alert accepted is delivered, or counted and logged as failed, or spooled at shutdown.
+- Shutdown: drain for a bounded time, then hand back what is left (``remaining``) for the spool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .config import RelayConfig, Target, zone
+from .format import Message, pack
+from .metrics import RelayMetrics
+from .payload import Alert, parse_alert
+from .senders import RetryPolicy, RobotSender, Sender
+
+log = logging.getLogger("verl_exporter.relay")
+
+# Alerts considered per message: enough to fill the biggest message in one-line form, cheap to render.
+MAX_BATCH = 400
+SPOOL_PREFIX = "relay-spool-"
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Draining(Exception):
+    pass
+
+
+@dataclass
+class Queued:
+    alert: Alert
+    receiver: str
+    since: float  # monotonic time it was queued (for the oldest-age gauge)
+
+
+class RateLimiter:
+    """At most `limit` events in any `window` seconds (a sliding log: a token bucket refilled at limit/window
+    with a full bucket would allow a burst that a robot's per-minute count rejects)."""
+
+    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.window, self.clock = limit, window, clock
+        self._events: deque[float] = deque()
+
+    def delay(self) -> float:
+        """Seconds until the next event is allowed (0: now)."""
+        now = self.clock()
+        while self._events and self._events[0] <= now - self.window:
+            self._events.popleft()
+        if len(self._events) < self.limit:
+            return 0.0
+        return self._events[0] + self.window - now
+
+    def record(self) -> None:
+        self._events.append(self.clock())
+
+    def saturate(self) -> None:
+        """The robot says we were too fast (someone else shares it): treat the whole window as used."""
+        now = self.clock()
+        self._events = deque([now] * self.limit)
+
+
+class TargetWorker:
+    def __init__(self, target: Target, sender: Sender, config: RelayConfig, metrics: RelayMetrics):
+        self.target = target
+        self.sender = sender
+        self.metrics = metrics
+        self.delivery = config.delivery
+        self.tz = zone(config.timezone)
+        self.policy = RetryPolicy(self.delivery.max_attempts, self.delivery.initial_backoff_seconds,
+                                  self.delivery.max_backoff_seconds, self.delivery.max_retry_seconds)
+        self.limiter = RateLimiter(target.rate_per_minute, self.delivery.rate_window_seconds)
+        self._pending: deque[Queued] = deque()
+        self._by_key: dict[str, Queued] = {}
+        self._inflight: list[Queued] = []
+        self._message: Message | None = None  # the message built for _inflight
+        self._cond = threading.Condition()
+        self._draining = False
+        self._stop_now = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"verl-relay-{target.name}", daemon=True)
+        self.last_success: float | None = None
+
+    # ---- producer side (request threads)
+    def room(self) -> int:
+        with self._cond:
+            return self.delivery.queue_max_alerts - len(self._pending)
+
+    def offer(self, items: list[Queued], force: bool = False) -> None:
+        """Queue alerts (a newer state replaces a queued older one); QueueFull when there is no room."""
+        with self._cond:
+            if self._draining and not force:
+                raise Draining(self.target.name)
+            fresh = [q for q in items if q.alert.key not in self._by_key]
+            if not force and len(self._pending) + len(fresh) > self.delivery.queue_max_alerts:
+                raise QueueFull(self.target.name)
+            for q in items:
+                old = self._by_key.get(q.alert.key)
+                if old is not None:
+                    old.alert, old.receiver = q.alert, q.receiver  # keeps its place in the queue
+                    self.metrics.inc("verl_relay_alerts_total", target=self.target.name, result="superseded")
+                else:
+                    self._pending.append(q)
+                    self._by_key[q.alert.key] = q
+            self._cond.notify()
+
+    def state(self) -> tuple[int, float]:
+        with self._cond:
+            depth = len(self._pending) + len(self._inflight)
+            oldest = min((q.since for q in (*self._inflight, *self._pending)), default=None)
+        return depth, 0.0 if oldest is None else time.monotonic() - oldest
+
+    # ---- lifecycle
+    def start(self) -> None:
+        self._thread.start()
+
+    def begin_drain(self) -> None:
+        with self._cond:
+            self._draining = True
+            self._cond.notify()
+
+    def stop_now(self) -> None:
+        self._stop_now.set()
+        with self._cond:
+            self._cond.notify()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._pending and not self._inflight
+
+    def remaining(self) -> list[Queued]:
+        """What was not delivered: the message in flight (if its worker is still stuck) and the queue."""
+        with self._cond:
+            return [*self._inflight, *self._pending]
+
+    # ---- the worker
+    def _take_batch(self) -> list[Queued] | None:
+        with self._cond:
+            while not self._pending and not self._stop_now.is_set():
+                if self._draining:
+                    return None
+                self._cond.wait()
+            if self._stop_now.is_set():
+                return None
+            batch = list(self._pending)[:MAX_BATCH]
+            # Built under the lock so that no newer state can replace an alert between packing and removal.
+            message, used = self._pack([q.alert for q in batch])
+            for _ in range(used):
+                q = self._pending.popleft()
+                self._by_key.pop(q.alert.key, None)
+            self._inflight = batch[:used]
+            self._message = message
+            return self._inflight
+
+    def _pack(self, alerts: list[Alert]):
+        try:
+            return pack(alerts, self.target, self.tz)
+        except Exception as e:  # a user template that fails on this alert: the default one still works
+            if self.target.template is None and self.target.text_template is None:
+                raise
+            log.error("target %s: the custom template failed (%s: %s); using the default template",
+                      self.target.name, type(e).__name__, e)
+            return pack(alerts, replace(self.target, template=None, text_template=None), self.tz)
+
+    def _requeue_inflight(self) -> None:
+        with self._cond:
+            for q in reversed(self._inflight):
+                if q.alert.key not in self._by_key:  # a newer state arrived meanwhile: it wins
+                    self._pending.appendleft(q)
+                    self._by_key[q.alert.key] = q
+            self._inflight = []
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep unless told to stop now; False when stopped."""
+        return not self._stop_now.wait(max(seconds, 0.0))
+
+    def _run(self) -> None:
+        while True:
+            delay = self.limiter.delay()
+            if delay > 0 and not self._wait(delay):
+                return
+            try:
+                batch = self._take_batch()
+                if batch is None:
+                    return
+                if not self._deliver(batch):
+                    self._requeue_inflight()
+                    return
+            except Exception:  # a bug must cost this message, not the worker (and every later alert)
+                with self._cond:
+                    lost = self._inflight
+                    if not lost and self._pending:  # packing failed: drop the head, which caused it
+                        lost = [self._pending.popleft()]
+                        self._by_key.pop(lost[0].alert.key, None)
+                self.metrics.inc("verl_relay_alerts_total", len(lost), target=self.target.name, result="failed")
+                log.exception("target %s: %d alert(s) not delivered because of an internal error",
+                              self.target.name, len(lost))
+            with self._cond:
+                self._inflight = []
+
+    def _deliver(self, batch: list[Queued]) -> bool:
+        """Attempt the built message until it is sent or given up; False when stopped midway."""
+        name, message = self.target.name, self._message
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            delay = self.limiter.delay()
+            if delay > 0 and not self._wait(delay):
+                return False
+            attempt += 1
+            t0 = time.perf_counter()
+            result = self.sender.send(message.body)
+            self.metrics.inc("verl_relay_send_duration_seconds_total", time.perf_counter() - t0, target=name)
+            self.limiter.record()  # every attempt counts: the robot may have counted it
+            if result.ok:
+                self.metrics.inc("verl_relay_messages_total", target=name, result="sent")
+                self.metrics.inc("verl_relay_alerts_total", len(batch), target=name, result="delivered")
+                self.last_success = time.time()
+                return True
+            self.metrics.inc("verl_relay_robot_errors_total", target=name, errcode=result.errcode)
+            if result.rate_limited:
+                self.limiter.saturate()
+            if self.policy.should_retry(result, attempt, time.monotonic() - started):
+                self.metrics.inc("verl_relay_messages_total", target=name, result="retried")
+                backoff = self.policy.backoff(attempt)
+                log.warning("target %s: attempt %d of a message of %d alert(s) failed, retrying in %.1fs: %s",
+                            name, attempt, len(batch), backoff, result.detail)
+                if not self._wait(backoff):
+                    return False
+                continue
+            self.metrics.inc("verl_relay_messages_total", target=name, result="failed")
+            self.metrics.inc("verl_relay_alerts_total", len(batch), target=name, result="failed")
+            why = "not retryable" if not result.retryable else f"gave up after {attempt} attempt(s)"
+            log.error("target %s: a message of %d alert(s) (%s) was NOT delivered (%s): %s", name, len(batch),
+                      _names(batch), why, result.detail)
+            return True
+
+
+def _names(batch: list[Queued], limit: int = 5) -> str:
+    names = sorted({q.alert.name for q in batch})
+    return ", ".join(names[:limit]) + (f" +{len(names) - limit}" if len(names) > limit else "")
+
+
+class Dispatcher:
+    """Routes alerts to the targets' workers; drains, spools and reloads the spool."""
+
+    def __init__(self, config: RelayConfig, metrics: RelayMetrics,
+                 senders: dict[str, Sender] | None = None):
+        self.config = config
+        self.metrics = metrics
+        senders = senders or {}
+        self.workers = {
+            name: TargetWorker(t, senders.get(name) or RobotSender(t, config.delivery.request_timeout_seconds),
+                               config, metrics)
+            for name, t in config.targets.items()}
+        metrics.queue_state = lambda: {n: w.state() for n, w in self.workers.items()}
+        self._draining = False
+
+    def start(self) -> None:
+        for w in self.workers.values():
+            w.start()
+
+    def submit(self, receiver: str, alerts: list[Alert]) -> dict[str, int]:
+        """Queue alerts for their targets; {target: alerts queued}. QueueFull/Draining: nothing was queued
+        for a target that had no room (the caller answers 503 and Alertmanager sends the group again)."""
+        if self._draining:
+            raise Draining("shutting down")
+        plan: dict[str, list[Queued]] = {}
+        now = time.monotonic()
+        for alert in alerts:
+            targets = self.config.targets_for(receiver, alert.labels)
+            if not targets:
+                self.metrics.inc("verl_relay_alerts_total", target="", result="unrouted")
+            for t in targets:
+                plan.setdefault(t, []).append(Queued(alert, receiver, now))
+        for t, items in plan.items():  # check every target first, so a 503 mostly queues nothing
+            if self.workers[t].room() < len(items):
+                raise QueueFull(t)
+        for t, items in plan.items():
+            self.workers[t].offer(items)
+        return {t: len(items) for t, items in plan.items()}
+
+    def drain(self, seconds: float) -> dict[str, list[Queued]]:
+        """Stop taking alerts, deliver for up to `seconds`, stop the workers; what is left, by target."""
+        self._draining = True
+        for w in self.workers.values():
+            w.begin_drain()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not all(w.idle() for w in self.workers.values()):
+            time.sleep(0.02)
+        for w in self.workers.values():
+            w.stop_now()
+        grace = self.config.delivery.request_timeout_seconds + 1
+        for w in self.workers.values():
+            if not w.join(grace):
+                log.warning("target %s: a send is still in flight at shutdown; its alerts are spooled too "
+                            "(they may arrive twice)", w.target.name)
+        return {name: w.remaining() for name, w in self.workers.items() if w.remaining()}
+
+    # ---- spool
+    def spool(self, left: dict[str, list[Queued]]) -> Path | None:
+        """Write what is left to spool_dir as JSON (atomically); counted and logged either way."""
+        total = sum(len(v) for v in left.values())
+        if not total:
+            return None
+        spool_dir = self.config.spool_dir
+        if spool_dir is None:
+            for t, items in left.items():
+                self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="failed")
+            log.error("%d undelivered alert(s) lost at shutdown: set spool_dir to keep them for the next start",
+                      total)
+            return None
+        doc = {"version": 1, "written_at": datetime.now(timezone.utc).isoformat(),
+               "alerts": [{"target": t, "receiver": q.receiver, "alert": q.alert.to_dict()}
+                          for t, items in left.items() for q in items]}
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        path = spool_dir / f"{SPOOL_PREFIX}{stamp}-{os.getpid()}.json"
+        try:
+            spool_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f, ensure_ascii=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            for t, items in left.items():
+                self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="failed")
+            log.error("cannot write the spool in %s (%s): %d undelivered alert(s) lost", spool_dir, e.strerror,
+                      total)
+            return None
+        for t, items in left.items():
+            self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="spooled")
+        log.info("spooled %d undelivered alert(s) to %s; they are sent at the next start", total, path)
+        return path
+
+    def load_spool(self) -> int:
+        """Queue the alerts of every spool file (then remove it); a file that cannot be read is set aside."""
+        spool_dir = self.config.spool_dir
+        if spool_dir is None or not spool_dir.is_dir():
+            return 0
+        loaded = 0
+        for path in sorted(spool_dir.glob(f"{SPOOL_PREFIX}*.json")):
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                entries = doc["alerts"]
+                if doc.get("version") != 1 or not isinstance(entries, list):
+                    raise ValueError("not a version 1 spool")
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.error("spool file %s cannot be read (%s); renamed to .bad", path.name, e)
+                path.rename(path.with_suffix(".bad"))
+                continue
+            now = time.monotonic()
+            for entry in entries:
+                problems: list[str] = []
+                alert = parse_alert("spooled alert", entry.get("alert") if isinstance(entry, dict) else None,
+                                    problems)
+                target = entry.get("target") if isinstance(entry, dict) else None
+                if alert is None or target not in self.workers:
+                    self.metrics.inc("verl_relay_alerts_total", target=str(target or ""), result="failed")
+                    log.error("spool file %s: an entry cannot be resent (%s)", path.name,
+                              "; ".join(problems) or f"target {target!r} is no longer configured")
+                    continue
+                self.workers[target].offer([Queued(alert, str(entry.get("receiver", "")), now)], force=True)
+                loaded += 1
+            path.unlink()
+        if loaded:
+            log.info("resending %d alert(s) from the spool", loaded)
+        return loaded

@@ -1,0 +1,476 @@
+"""Pure formatting: alerts → robot messages (DingTalk markdown/text, WeCom markdown/text).
+
+Many alerts become one message: firing first (most severe first), then resolved. Every value that comes from
+an alert (labels, annotations) is escaped so that an alert cannot inject markdown, links or @mentions; only
+the relay itself adds mentions, and only for the people the target's config names. Messages respect the
+robots' size limits in bytes: ``pack`` takes the longest run of alerts that fits one message (switching to
+one line per alert when a full listing would not fit), and a single oversized alert is shortened, never cut
+inside a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone, tzinfo
+from functools import lru_cache
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import jinja2
+from jinja2.sandbox import SandboxedEnvironment
+
+from .config import Target
+from .payload import Alert
+
+# Byte limits of the robot APIs: DingTalk counts the whole JSON body, WeCom the content string.
+DINGTALK_MAX_BODY = 20000
+WECOM_MAX_CONTENT = {"markdown": 4096, "text": 2048}
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+DINGTALK_COLORS = {"critical": "#D93025", "warning": "#E37400", "info": "#1A73E8", "resolved": "#188038",
+                   "": "#5F6368"}
+# WeCom markdown knows three colours: warning (orange-red), info (green), comment (grey).
+WECOM_COLORS = {"critical": "warning", "warning": "warning", "info": "comment", "resolved": "info",
+                "": "comment"}
+
+# Characters that start markdown constructs (links, emphasis, headings, quotes, code, tables, HTML tags such
+# as WeCom's <@userid> mention) are replaced by look-alikes that render as themselves.
+_LOOKALIKES = str.maketrans({
+    "[": "［", "]": "］", "(": "（", ")": "）", "*": "∗", "#": "＃", "<": "‹", ">": "›", "`": "ˋ",
+    "|": "｜", "~": "∼", "\\": "＼", "&": "＆", "@": "＠", "!": "ǃ", "$": "＄",
+})
+# _ only emphasises at a word edge (node_1 stays as it is, _x_ does not).
+_EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+# Bare URLs are auto-linked by the robots' clients; a full-width colon keeps them readable but dead.
+_SCHEME = re.compile(r"(?i)([a-z][a-z0-9+.-]*):(?=//)")
+# Control characters (but newline and tab) and invisible/bidi characters that can disguise text.
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+
+# Field caps, so that one verbose alert cannot crowd out the others (the full text stays in Alertmanager).
+SUMMARY_CHARS = 300
+DESCRIPTION_CHARS = 800
+VALUE_CHARS = 120
+WHERE_LABELS = ("run", "rank", "instance")
+
+
+class TemplateError(ValueError):
+    pass
+
+
+def escape(text: str, multiline: bool = False) -> str:
+    """Neutralise alert-controlled text for any robot message kind (markdown or text)."""
+    text = _INVISIBLE.sub("", text)
+    if not multiline:
+        text = " ".join(text.split())
+    else:
+        text = "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+    text = text.translate(_LOOKALIKES)
+    text = _EDGE_UNDERSCORE.sub("＿", text)
+    return _SCHEME.sub(r"\1：", text)
+
+
+def clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: max(chars - 1, 0)].rstrip() + "…"
+
+
+def cut_utf8(text: str, max_bytes: int) -> str:
+    """The longest prefix of text that is at most max_bytes in UTF-8 (never half a character)."""
+    raw = text.encode("utf-8")
+    if len(raw) <= max_bytes:
+        return text
+    return raw[:max(max_bytes, 0)].decode("utf-8", "ignore")
+
+
+def safe_url(url: str) -> str:
+    """An http(s) URL made safe to put inside a markdown link, or "" when it is not one."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return ""
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return ""
+    # Percent-encode whatever could close the link or start markup; keep the URL's own structure.
+    return quote(url.strip(), safe="/:?&=%#+,;.-_~")
+
+
+@dataclass(frozen=True)
+class AlertView:
+    """What a template sees of one alert: escaped, clipped, with its colour and formatted times."""
+
+    status: str
+    name: str
+    severity: str
+    color: str
+    where: str
+    summary: str
+    description: str
+    starts_at: str
+    ends_at: str
+    duration: str
+    runbook_url: str
+    source_url: str
+    labels: dict[str, str]
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m" if minutes else f"{secs}s"
+
+
+def _when(t: datetime | None, tz: tzinfo) -> str:
+    return t.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S %Z") if t is not None else ""
+
+
+def view(alert: Alert, target_type: str, tz: tzinfo, description_chars: int = DESCRIPTION_CHARS,
+         summary_chars: int = SUMMARY_CHARS, value_chars: int = VALUE_CHARS) -> AlertView:
+    colors = WECOM_COLORS if target_type == "wecom" else DINGTALK_COLORS
+    color = colors["resolved"] if alert.status == "resolved" else colors.get(alert.severity, colors[""])
+    where = " · ".join(f"{k} {clip(escape(alert.labels[k]), value_chars)}" for k in WHERE_LABELS
+                       if alert.labels.get(k))
+    ann = alert.annotations
+    duration = ""
+    if alert.status == "resolved" and alert.ends_at is not None:
+        duration = _duration((alert.ends_at - alert.starts_at).total_seconds())
+    return AlertView(
+        status=alert.status, name=clip(escape(alert.name), value_chars) or "(unnamed)",
+        severity=clip(escape(alert.severity), 20), color=color, where=where,
+        summary=clip(escape(ann.get("summary", "")), summary_chars),
+        description=clip(escape(ann.get("description", ""), multiline=True), description_chars),
+        starts_at=_when(alert.starts_at, tz), ends_at=_when(alert.ends_at, tz), duration=duration,
+        runbook_url=safe_url(ann.get("runbook_url", "")), source_url=safe_url(alert.generator_url),
+        labels={escape(k): clip(escape(v), value_chars) for k, v in sorted(alert.labels.items())},
+    )
+
+
+def order(alerts: Sequence[Alert]) -> list[Alert]:
+    """Firing before resolved; most severe first; oldest first."""
+    return sorted(alerts, key=lambda a: (a.status != "firing", SEVERITY_ORDER.get(a.severity, 3),
+                                         a.starts_at, a.name))
+
+
+def title(alerts: Sequence[Alert]) -> str:
+    firing = [a for a in alerts if a.status == "firing"]
+    resolved = len(alerts) - len(firing)
+    parts = []
+    if firing:
+        top = min((a.severity for a in firing), key=lambda s: SEVERITY_ORDER.get(s, 3))
+        parts.append(f"FIRING {len(firing)}" + (f" {escape(top)}" if top else ""))
+    if resolved:
+        parts.append(f"RESOLVED {resolved}")
+    names: list[str] = []
+    for a in order(alerts):
+        if a.name not in names:
+            names.append(a.name)
+    shown = ", ".join(clip(escape(n), 60) for n in names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
+    return f"[verl] {' · '.join(parts)}: {shown}"
+
+
+# Default templates. Block tags sit on lines of their own (trim_blocks drops those lines); a line that must
+# end in something optional uses an inline `if` expression, so its newline survives.
+DEFAULT_MARKDOWN = """\
+#### {{ title }}
+{% for a in alerts %}
+{% set state = "RESOLVED" if a.status == "resolved" else "FIRING" %}
+{% if compact %}
+- <font color="{{ a.color }}">{{ "RESOLVED" if a.status == "resolved" else a.severity | upper }}</font> \
+**{{ a.name }}**{{ " · " ~ a.where if a.where }}{{ " · " ~ a.summary if a.summary }}\
+{{ " · [runbook](" ~ a.runbook_url ~ ")" if a.runbook_url }}
+{% else %}
+
+<font color="{{ a.color }}">**{{ state }} · {{ a.severity | upper }} · {{ a.name }}**</font>
+{% if a.where %}
+{{ a.where }}
+{% endif %}
+{% if a.summary %}
+**{{ a.summary }}**
+{% endif %}
+{% if a.description %}
+{{ a.description }}
+{% endif %}
+{{ a.starts_at ~ " → " ~ a.ends_at ~ " (" ~ a.duration ~ ")" if a.status == "resolved" else "Since " ~ a.starts_at }}\
+{{ " · [Runbook](" ~ a.runbook_url ~ ")" if a.runbook_url }}
+{% endif %}
+{% endfor %}
+"""
+
+DEFAULT_TEXT = """\
+{{ title }}
+{% for a in alerts %}
+{% if compact %}
+- {{ "RESOLVED" if a.status == "resolved" else a.severity | upper }} {{ a.name }}\
+{{ " · " ~ a.where if a.where }}{{ " · " ~ a.summary if a.summary }}
+{% else %}
+
+{{ "RESOLVED" if a.status == "resolved" else "FIRING" }} · {{ a.severity | upper }} · {{ a.name }}
+{% if a.where %}
+{{ a.where }}
+{% endif %}
+{% if a.summary %}
+{{ a.summary }}
+{% endif %}
+{% if a.description %}
+{{ a.description }}
+{% endif %}
+{{ a.starts_at ~ " → " ~ a.ends_at ~ " (" ~ a.duration ~ ")" if a.status == "resolved" else "Since " ~ a.starts_at }}
+{% if a.runbook_url %}
+Runbook: {{ a.runbook_url }}
+{% endif %}
+{% endif %}
+{% endfor %}
+"""
+
+_ENV = SandboxedEnvironment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                            autoescape=False)
+
+
+@lru_cache(maxsize=32)
+def _compile(source: str) -> jinja2.Template:
+    return _ENV.from_string(source)
+
+
+def _sample_alerts() -> list[Alert]:
+    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    labels = {"alertname": "VerlExample", "severity": "critical", "run": "r", "rank": "0", "instance": "h:1"}
+    ann = {"summary": "s", "description": "d", "runbook_url": "https://example.invalid/runbook#x"}
+    return [Alert("firing", labels, ann, t, None, "", "a"), Alert("resolved", labels, ann, t, t, "", "b")]
+
+
+def check_template(source: str) -> None:
+    """Compile a user template and render it once per mode with sample alerts; TemplateError otherwise."""
+    try:
+        template = _compile(source)
+        for compact in (False, True):
+            template.render(**_context(_sample_alerts(), "dingtalk", timezone.utc, compact))
+    except jinja2.TemplateError as e:
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise TemplateError(f"template does not render{where}: {e.message or e}") from None
+
+
+def _context(alerts: Sequence[Alert], target_type: str, tz: tzinfo, compact: bool,
+             shrink: int = 0, cache: dict | None = None) -> dict[str, Any]:
+    # shrink > 0 shortens free text, for the one alert that is too big for a message on its own.
+    caps = [(DESCRIPTION_CHARS, SUMMARY_CHARS, VALUE_CHARS), (200, 200, 80), (0, 80, 40), (0, 0, 20)][shrink]
+    cache = {} if cache is None else cache  # pack renders the same alerts many times: escape them once
+    views = []
+    for a in order(alerts):
+        key = (id(a), shrink)
+        if key not in cache:
+            cache[key] = view(a, target_type, tz, *caps)
+        views.append(cache[key])
+    return {"title": title(alerts), "alerts": views, "firing": [v for v in views if v.status == "firing"],
+            "resolved": [v for v in views if v.status == "resolved"], "compact": compact,
+            "target_type": target_type}
+
+
+@dataclass(frozen=True)
+class Mentions:
+    mobiles: tuple[str, ...] = ()
+    userids: tuple[str, ...] = ()
+    all: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.mobiles or self.userids or self.all)
+
+
+def mentions_for(alerts: Sequence[Alert], target: Target) -> Mentions:
+    """Mentions ring people: only for firing alerts of the configured severities, never for resolutions."""
+    severities = {a.severity for a in alerts if a.status == "firing"}
+    named = bool(severities & set(target.mention_severities))
+    return Mentions(mobiles=target.mention_mobiles if named else (),
+                    userids=target.mention_userids if named else (),
+                    all=bool(severities & set(target.mention_all_severities)))
+
+
+@dataclass(frozen=True)
+class Message:
+    """One robot message, ready to post: ``body`` is exactly the bytes that will be sent."""
+
+    target_type: str
+    kind: str  # markdown | text
+    payload: dict
+    body: bytes
+    alerts: int  # how many alerts it lists
+    more: int = 0  # alerts left out with "… and N more alerts"
+
+    @property
+    def text(self) -> str:
+        inner = self.payload[self.payload["msgtype"]]
+        return inner.get("text", inner.get("content", ""))
+
+
+def kind_for(target: Target, mentions: Mentions) -> str:
+    # On WeCom, markdown can mention user ids (<@id>) but not mobiles or @all: those need a text message.
+    if target.type == "wecom" and target.format == "markdown" and (mentions.mobiles or mentions.all):
+        return "text"
+    return target.format
+
+
+def _dingtalk_lines(text: str) -> str:
+    # DingTalk's markdown joins single newlines into one paragraph; a blank line between lines keeps them apart.
+    return "\n\n".join(line for line in text.splitlines() if line.strip())
+
+
+def _plain_lines(text: str) -> str:
+    """Blank lines collapsed to one (they separate alerts); none at either end."""
+    return re.sub(r"\n\s*\n+", "\n\n", text.strip())
+
+
+def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mentions, more: int) -> dict:
+    if more:
+        text = f"{text}\n… and {more} more alerts"
+    if target.type == "dingtalk":
+        at = {"atMobiles": list(mentions.mobiles), "isAtAll": mentions.all}
+        ring = " ".join(f"@{m}" for m in mentions.mobiles)
+        if kind == "markdown":
+            text = _dingtalk_lines(text + (f"\n{ring}" if ring else ""))
+            return {"msgtype": "markdown", "markdown": {"title": head, "text": text}, "at": at}
+        return {"msgtype": "text", "text": {"content": _plain_lines(text) + (f"\n{ring}" if ring else "")},
+                "at": at}
+    if kind == "markdown":
+        ring = " ".join(f"<@{u}>" for u in mentions.userids)
+        return {"msgtype": "markdown", "markdown": {"content": _plain_lines(text) + (f"\n{ring}" if ring else "")}}
+    inner: dict[str, Any] = {"content": _plain_lines(text)}
+    users = list(mentions.userids) + (["@all"] if mentions.all else [])
+    if users:
+        inner["mentioned_list"] = users
+    if mentions.mobiles:
+        inner["mentioned_mobile_list"] = list(mentions.mobiles)
+    return {"msgtype": "text", "text": inner}
+
+
+def encode(payload: dict) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def fits(target_type: str, kind: str, payload: dict, body: bytes, limits: dict | None = None) -> bool:
+    if target_type == "dingtalk":
+        return len(body) <= (limits or {}).get("dingtalk", DINGTALK_MAX_BODY)
+    content = payload[payload["msgtype"]]["content"]
+    return len(content.encode("utf-8")) <= (limits or {}).get(f"wecom_{kind}", WECOM_MAX_CONTENT[kind])
+
+
+def render_message(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None, compact: bool = False,
+                   more: int = 0, shrink: int = 0, max_text_bytes: int | None = None,
+                   cache: dict | None = None) -> Message:
+    """One message listing these alerts (no size check; see pack for that).
+
+    max_text_bytes cuts the rendered listing (not the mentions, nor "… and N more") at a character bound.
+    """
+    tz = tz or timezone.utc
+    mentions = mentions_for(alerts, target)
+    kind = kind_for(target, mentions)
+    if kind == target.format and target.template:
+        source = target.template
+    elif kind == "text" and target.text_template:
+        source = target.text_template
+    else:
+        source = DEFAULT_MARKDOWN if kind == "markdown" else DEFAULT_TEXT
+    ctx = _context(alerts, target.type, tz, compact, shrink, cache)
+    text = _compile(source).render(**ctx)
+    if max_text_bytes is not None and len(text.encode("utf-8")) > max_text_bytes:
+        text = cut_utf8(text, max_text_bytes - 3) + "…"
+    payload = _assemble(target, kind, text, ctx["title"], mentions, more)
+    return Message(target.type, kind, payload, encode(payload), alerts=len(alerts), more=more)
+
+
+def _fits(msg: Message, limits: dict | None) -> bool:
+    return fits(msg.target_type, msg.kind, msg.payload, msg.body, limits)
+
+
+def _force_fit(alerts: Sequence[Alert], target: Target, tz: tzinfo | None, limits: dict | None,
+               compact: bool = False, more: int = 0) -> Message:
+    """Last resort (one huge alert, or a verbose user template): cut the listing until the message fits."""
+    budget = DINGTALK_MAX_BODY
+    while True:
+        msg = render_message(alerts, target, tz, compact=compact, more=more, shrink=3, max_text_bytes=budget)
+        if _fits(msg, limits) or budget <= 0:
+            return msg
+        budget = budget * 7 // 8 - 16
+
+
+def _longest_fit(count: int, render, limits: dict | None) -> tuple[int, Message | None]:
+    """The largest n <= count whose render(n) fits, and that message (0, None when not even 1 does).
+
+    Galloping then bisecting: the cost follows the size of the answer, not of the queue behind it.
+    """
+    lo, best, n = 0, None, 1
+    while n <= count:
+        msg = render(n)
+        if not _fits(msg, limits):
+            break
+        lo, best = n, msg
+        if n == count:
+            return lo, best
+        n = min(n * 2, count)
+    hi = min(n, count + 1)  # render(hi) does not fit (or hi == count + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        msg = render(mid)
+        if _fits(msg, limits):
+            lo, best = mid, msg
+        else:
+            hi = mid
+    return lo, best
+
+
+def pack(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
+         limits: dict | None = None) -> tuple[Message, int]:
+    """The message for the longest prefix of alerts that fits one robot message, and that prefix's length.
+
+    All of them in full when they fit; otherwise one line per alert, as many as fit. A first alert that does
+    not fit even alone is shortened. alerts must not be empty.
+    """
+    if not alerts:
+        raise ValueError("pack needs at least one alert")
+    cache: dict = {}  # alerts stay alive for the whole call, so their ids are stable keys
+    n, full = _longest_fit(len(alerts), lambda k: render_message(alerts[:k], target, tz, cache=cache), limits)
+    if n == len(alerts) and full is not None:
+        return full, n
+    n, compact = _longest_fit(
+        len(alerts), lambda k: render_message(alerts[:k], target, tz, compact=True, cache=cache), limits)
+    if compact is not None and n > 1:
+        return compact, n
+    for shrink in range(4):  # one alert: full text shortened step by step, then cut at a byte bound
+        msg = render_message(alerts[:1], target, tz, shrink=shrink)
+        if _fits(msg, limits):
+            return msg, 1
+    return _force_fit(alerts[:1], target, tz, limits), 1
+
+
+def format_messages(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
+                    max_messages: int | None = None, limits: dict | None = None) -> list[Message]:
+    """Every alert in as few messages as the limits allow (firing first); with max_messages, the last
+    message ends in "… and N more alerts" instead of listing the rest."""
+    rest = order(alerts)
+    out: list[Message] = []
+    while rest:
+        if max_messages is not None and len(out) == max_messages - 1:
+            out.append(_last_with_more(rest, target, tz, limits))
+            break
+        msg, used = pack(rest, target, tz, limits)
+        out.append(msg)
+        rest = rest[used:]
+    return out
+
+
+def _last_with_more(alerts: list[Alert], target: Target, tz: tzinfo | None, limits: dict | None) -> Message:
+    msg, used = pack(alerts, target, tz, limits)
+    while used < len(alerts):
+        more = len(alerts) - used
+        candidate = render_message(alerts[:used], target, tz, compact=True, more=more)
+        if _fits(candidate, limits):
+            return candidate
+        if used == 1:
+            return _force_fit(alerts[:1], target, tz, limits, compact=True, more=more)
+        used -= 1
+    return msg

@@ -1,0 +1,149 @@
+"""Posting one message to a robot, and what its answer means.
+
+A sender makes exactly one HTTP request per ``send`` and classifies the answer: delivered, worth retrying
+(network errors, HTTP 5xx/429, the robots' "too fast" and "busy" codes), or not (a bad signature or keyword,
+a body over the limit, an unknown token: sending it again cannot help). The retry loop itself lives with
+the delivery worker, which also owns the rate limit every attempt counts against.
+
+Nothing a sender returns or logs holds the token or the signing secret: every detail passes ``scrub``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import quote, quote_plus, urlencode
+
+from .config import TOKEN_PARAM, Target
+
+# errcodes worth another try: the robot is busy or we were too fast; the message itself is fine.
+RETRYABLE_ERRCODES = {
+    "dingtalk": {130101: "sent too fast (over 20 messages a minute)", -1: "system busy"},
+    "wecom": {45009: "rate limit (over 20 messages a minute)", 45033: "too many concurrent calls",
+              -1: "system busy"},
+}
+# errcodes that only a change of config or of the message can fix; named in the log.
+KNOWN_ERRCODES = {
+    "dingtalk": {310000: "keyword, signature or IP check failed (sign not match / keywords not in content)",
+                 460101: "message too big (over 20,000 bytes)", 300001: "invalid access_token",
+                 400013: "robot disabled", 410100: "robot sent too fast too long: blocked"},
+    "wecom": {40058: "content too long", 93000: "invalid webhook key", 40008: "invalid message type",
+              40035: "invalid parameter"},
+}
+RATE_LIMIT_ERRCODES = {"dingtalk": {130101}, "wecom": {45009}}
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """text with every secret (raw or URL-encoded) replaced by <secret>."""
+    for value in secrets:
+        if not value:
+            continue
+        for form in {value, quote(value, safe=""), quote_plus(value)}:
+            text = text.replace(form, "<secret>")
+    return text
+
+
+def dingtalk_sign(secret: str, timestamp_ms: int) -> str:
+    """base64(HMAC-SHA256(key=secret, msg="<ts>\\n<secret>")), before URL encoding."""
+    digest = hmac.new(secret.encode("utf-8"), f"{timestamp_ms}\n{secret}".encode(), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+@dataclass(frozen=True)
+class SendResult:
+    ok: bool
+    retryable: bool
+    errcode: str  # "0", the robot's errcode, "http_<status>", "network" or "bad_response": a bounded label
+    detail: str  # one scrubbed sentence for the log
+    rate_limited: bool = False  # the robot says we were too fast: back off for a whole window
+
+
+class Sender(Protocol):
+    """Anything that can make one delivery attempt of a message body."""
+
+    target: Target
+
+    def send(self, body: bytes) -> SendResult: ...
+
+
+class RobotSender:
+    """One HTTP POST per call to a DingTalk or WeCom robot; never raises for network or HTTP errors."""
+
+    def __init__(self, target: Target, timeout: float = 10.0, clock: Callable[[], float] = time.time):
+        self.target = target
+        self.timeout = timeout
+        self.clock = clock
+        self._secrets = target.secrets()
+
+    def url(self) -> str:
+        """The request URL: the token, and for a signed DingTalk robot a fresh timestamp and signature."""
+        params = {TOKEN_PARAM[self.target.type]: self.target.token.reveal()}
+        if self.target.type == "dingtalk" and self.target.secret is not None:
+            ts = int(self.clock() * 1000)
+            params["timestamp"] = str(ts)
+            params["sign"] = dingtalk_sign(self.target.secret.reveal(), ts)
+        sep = "&" if "?" in self.target.url else "?"
+        return f"{self.target.url}{sep}{urlencode(params)}"
+
+    def send(self, body: bytes) -> SendResult:
+        request = urllib.request.Request(self.url(), data=body, method="POST",
+                                         headers={"Content-Type": "application/json; charset=utf-8"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                status, raw = resp.status, resp.read(65536)
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, b""
+            e.close()
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timeout, dropped connection
+            reason = getattr(e, "reason", None) or e
+            return SendResult(False, True, "network", self._scrub(f"network error: {type(e).__name__}: {reason}"))
+        if status >= 500 or status == 429:
+            return SendResult(False, True, f"http_{status}", f"HTTP {status} from the robot")
+        if status >= 400:
+            return SendResult(False, False, f"http_{status}", f"HTTP {status} from the robot")
+        return self._classify(raw)
+
+    def _classify(self, raw: bytes) -> SendResult:
+        try:
+            doc = json.loads(raw)
+            errcode = int(doc.get("errcode", -999))
+            errmsg = str(doc.get("errmsg", ""))[:200]
+        except (ValueError, TypeError, AttributeError):
+            return SendResult(False, True, "bad_response", "the robot's answer is not JSON with an errcode")
+        if errcode == 0:
+            return SendResult(True, False, "0", "ok")
+        kind = self.target.type
+        retryable = errcode in RETRYABLE_ERRCODES[kind]
+        meaning = RETRYABLE_ERRCODES[kind].get(errcode) or KNOWN_ERRCODES[kind].get(errcode, "unknown errcode")
+        return SendResult(False, retryable, str(errcode), self._scrub(f"errcode {errcode} ({meaning}): {errmsg}"),
+                          rate_limited=errcode in RATE_LIMIT_ERRCODES[kind])
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self._secrets)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff, bounded both in attempts and in total time per message."""
+
+    max_attempts: int = 6
+    initial_backoff: float = 1.0
+    max_backoff: float = 60.0
+    max_total: float = 300.0
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        return min(self.initial_backoff * 2 ** (attempt - 1), self.max_backoff)
+
+    def should_retry(self, result: SendResult, attempt: int, elapsed: float) -> bool:
+        return (result.retryable and attempt < self.max_attempts
+                and elapsed + self.backoff(attempt) <= self.max_total)
