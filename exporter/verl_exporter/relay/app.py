@@ -17,6 +17,7 @@ import threading
 from prometheus_client import make_wsgi_app
 
 from ..server import HttpServer
+from .actions import ActionRunner
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull
 from .metrics import RelayMetrics
@@ -33,10 +34,12 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
 class RelayApp:
     """A WSGI app; knows the config (auth, limits, routes), the dispatcher and the metrics."""
 
-    def __init__(self, config: RelayConfig, dispatcher: Dispatcher, metrics: RelayMetrics):
+    def __init__(self, config: RelayConfig, dispatcher: Dispatcher, metrics: RelayMetrics,
+                 actions: ActionRunner | None = None):
         self.config = config
         self.dispatcher = dispatcher
         self.metrics = metrics
+        self.actions = actions
         self.draining = False
         self._metrics_app = make_wsgi_app(metrics.registry())
 
@@ -90,6 +93,8 @@ class RelayApp:
         if payload.truncated_alerts:
             log.warning("webhook %s: Alertmanager truncated %d alert(s) of this group (max_alerts)", receiver,
                         payload.truncated_alerts)
+        if self.actions is not None:
+            self.actions.consider(payload.alerts)
         try:
             queued = self.dispatcher.submit(receiver, list(payload.alerts))
         except QueueFull as e:
@@ -164,7 +169,8 @@ class Relay:
         self.config = config
         self.metrics = metrics or RelayMetrics()
         self.dispatcher = Dispatcher(config, self.metrics, senders)
-        self.app = RelayApp(config, self.dispatcher, self.metrics)
+        self.actions = ActionRunner(config.actions, self.metrics)
+        self.app = RelayApp(config, self.dispatcher, self.metrics, self.actions)
         self._listen = listen or config.listen
         self._filter = _ScrubFilter(config.secrets())
         self._server: HttpServer | None = None

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 
 from ..server import parse_listen
+from .actions import parse_actions
 
 TARGET_TYPES = ("dingtalk", "wecom")
 FORMATS = ("markdown", "text")
@@ -31,7 +32,7 @@ DEFAULT_URLS = {
 TOKEN_PARAM = {"dingtalk": "access_token", "wecom": "key"}
 
 TOP_KEYS = {"listen", "bearer_token_env", "bearer_token_file", "max_body_bytes", "spool_dir", "timezone",
-            "delivery", "targets", "routes"}
+            "delivery", "targets", "routes", "actions"}
 DELIVERY_KEYS = {"max_attempts", "initial_backoff_seconds", "max_backoff_seconds", "max_retry_seconds",
                  "request_timeout_seconds", "drain_seconds", "queue_max_alerts", "rate_window_seconds"}
 TARGET_KEYS = {"type", "url", "token_env", "token_file", "secret_env", "secret_file", "mention_mobiles",
@@ -154,6 +155,7 @@ class RelayConfig:
     spool_dir: Path | None = None
     timezone: str = "UTC"
     delivery: Delivery = field(default_factory=Delivery)
+    actions: tuple = ()  # of actions.Action: checkpoint/stop requests for chosen alerts
 
     def knows_receiver(self, receiver: str) -> bool:
         """A receiver is known when some route names it or some route takes any receiver."""
@@ -173,6 +175,7 @@ class RelayConfig:
         values = [v for t in self.targets.values() for v in t.secrets()]
         if self.bearer_token is not None and self.bearer_token.reveal():
             values.append(self.bearer_token.reveal())
+        values += [v for a in self.actions for v in a.secrets()]
         return values
 
 
@@ -322,23 +325,10 @@ class _Loader:
                       mention_userids=userids, mention_severities=mention_sev, mention_all_severities=all_sev,
                       format=fmt, rate_per_minute=rate, template=template, text_template=text_template)
 
-    def route(self, i: int, raw: Any, targets: dict[str, Any]) -> Route | None:
-        where = f"routes[{i}]"
-        if not isinstance(raw, dict):
-            self.problems.append(f"{where}: must be a mapping")
-            return None
-        unknown = set(raw) - ROUTE_KEYS
-        if unknown:
-            self.problems.append(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(ROUTE_KEYS)})")
-        receivers = self.str_list(where, raw, "receivers", NAME_RE)
-        if "targets" not in raw:
-            self.problems.append(f"{where}: targets is missing (use [] to deliver nowhere on purpose)")
-        route_targets = self.str_list(where, raw, "targets")
-        for t in route_targets:
-            if t not in targets:
-                self.problems.append(f"{where}: unknown target {t!r} (targets: {sorted(targets)})")
+    def matchers(self, where: str, raw_matchers: Any) -> list[Matcher]:
+        """{label: value} for an exact match or {label: {regex: ...}} for a full-match regex."""
         matchers: list[Matcher] = []
-        raw_matchers = raw.get("matchers", {}) or {}
+        raw_matchers = raw_matchers or {}
         if not isinstance(raw_matchers, dict):
             self.problems.append(f"{where}: matchers must map label names to a value or {{regex: ...}}")
             raw_matchers = {}
@@ -355,6 +345,24 @@ class _Loader:
                     self.problems.append(f"{where}: matchers.{label}: regex does not compile: {e}")
             else:
                 self.problems.append(f"{where}: matchers.{label} must be a value or {{regex: \"...\"}}")
+        return matchers
+
+    def route(self, i: int, raw: Any, targets: dict[str, Any]) -> Route | None:
+        where = f"routes[{i}]"
+        if not isinstance(raw, dict):
+            self.problems.append(f"{where}: must be a mapping")
+            return None
+        unknown = set(raw) - ROUTE_KEYS
+        if unknown:
+            self.problems.append(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(ROUTE_KEYS)})")
+        receivers = self.str_list(where, raw, "receivers", NAME_RE)
+        if "targets" not in raw:
+            self.problems.append(f"{where}: targets is missing (use [] to deliver nowhere on purpose)")
+        route_targets = self.str_list(where, raw, "targets")
+        for t in route_targets:
+            if t not in targets:
+                self.problems.append(f"{where}: unknown target {t!r} (targets: {sorted(targets)})")
+        matchers = self.matchers(where, raw.get("matchers"))
         cont = raw.get("continue", False)
         if not isinstance(cont, bool):
             self.problems.append(f"{where}: continue must be true or false")
@@ -430,11 +438,12 @@ def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] |
         problems.append("routes must be a non-empty list of {receivers | matchers, targets, continue}")
         raw_routes = []
     routes = [loader.route(i, raw, raw_targets) for i, raw in enumerate(raw_routes)]
+    actions = parse_actions(loader, doc.get("actions"), loader.matchers)
     if problems:
         raise RelayConfigError(problems, origin)
     return RelayConfig(targets=targets, routes=tuple(r for r in routes if r is not None), listen=str(listen),
                        bearer_token=bearer, max_body_bytes=max_body, spool_dir=spool_dir, timezone=str(tz),
-                       delivery=delivery)
+                       delivery=delivery, actions=actions)
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> RelayConfig:

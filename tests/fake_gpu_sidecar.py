@@ -1,0 +1,53 @@
+"""Run a real `verl-exporter serve` whose GPU collectors see a fake NVML (this machine has no GPU).
+
+    python tests/fake_gpu_sidecar.py <the usual serve flags>
+
+Two GPUs with NVLink, a few processes, a thermal-throttle reason active on GPU 1, and an XID 79 injected
+on GPU 0 a moment after start: enough that every GPU panel and rule of the pack has data. Everything else
+(the verl log follower, host and checkpoint collectors, control endpoint) is the real thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_pynvml import FakeNvml  # noqa: E402
+from verl_exporter import cli  # noqa: E402
+from verl_exporter.sidecar import Sidecar  # noqa: E402
+
+HW_THERMAL_SLOWDOWN = 0x40
+
+
+def fake_node() -> FakeNvml:
+    fake = FakeNvml(2, nvlink_links=4)
+    for i, g in enumerate(fake.gpus):
+        g.util_gpu, g.util_mem, g.power_mw = 85 + 5 * i, 40, 450_000 + 10_000 * i
+        g.processes = [(os.getpid(), 30 << 30), (os.getppid(), 1 << 30)]
+        g.nvlink_tx_kib = [1 << 20] * 4
+        g.nvlink_rx_kib = [1 << 20] * 4
+    fake.gpus[1].clock_reasons = HW_THERMAL_SLOWDOWN
+    return fake
+
+
+def main() -> int:
+    fake = fake_node()
+    original = Sidecar.context
+    Sidecar.context = lambda self: dataclasses.replace(original(self), nvml_loader=lambda: fake)
+
+    def xid_later():
+        time.sleep(1.0)  # after the XID collector has registered its event set
+        fake.inject_xid(0, 79)
+
+    threading.Thread(target=xid_later, daemon=True).start()
+    return cli.main(["serve", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
