@@ -46,6 +46,16 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-verify", action="store_true", default=None,
                    help="check kept checkpoints (newest 32) against their SHA-256 manifests on the slow cadence")
     g.add_argument("--procfs", help="where /proc is mounted (default /proc)")
+    d = p.add_argument_group("discovery and liveness")
+    d.add_argument("--file-sd", metavar="DIR",
+                   help="register this sidecar for Prometheus file_sd: writes DIR/verl-<host>-<port>.json "
+                        "(atomic, refreshed every minute, removed on a clean exit)")
+    d.add_argument("--advertise", metavar="HOST", help="host name Prometheus should scrape (default: this host's FQDN)")
+    d.add_argument("--hang-factor", type=float,
+                   help="make /healthz fail when no step came for this many times the recent step time "
+                        "(default 0 = off; /healthz/sidecar never checks the trainer)")
+    d.add_argument("--hang-min-seconds", type=float,
+                   help="never call the trainer hung before this many seconds without a step (default 600)")
     c = p.add_argument_group("automated response (off by default)")
     c.add_argument("--control-token-env", metavar="NAME",
                    help="enable POST /control/checkpoint and /control/stop, with the bearer token in $NAME")
@@ -79,11 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale file")
     gen.add_argument("--spec", metavar="FILE", help="render from this spec instead of the packaged one")
 
-    from . import checkpoint_cli
+    from . import checkpoint_cli, node
     from .relay import add_parser as relay_parser
 
     checkpoint_cli.add_parser(sub)
     relay_parser(sub)
+    node.add_parser(sub)
 
     demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) into a live sidecar")
     demo.add_argument("--listen", default="127.0.0.1:9477", metavar="HOST:PORT")
@@ -197,8 +208,14 @@ def cmd_relay(args) -> int:
     return run(args)
 
 
+def cmd_node(args) -> int:
+    from .node import run
+
+    return run(args)
+
+
 COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo,
-            "checkpoint": cmd_checkpoint, "relay": cmd_relay}
+            "checkpoint": cmd_checkpoint, "relay": cmd_relay, "node": cmd_node}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,11 @@ class ServeConfig:
     gpu_pcie_throughput: bool = False
     checkpoint_grace: float = 900.0
     checkpoint_verify: bool = False
+    # discovery and liveness
+    file_sd: str | None = None
+    advertise: str | None = None
+    hang_factor: float = 0.0  # 0 = off; else /healthz fails after this many times the recent step time
+    hang_min_seconds: float = 600.0
     # automated response (off unless a token is given)
     control_token_env: str | None = None
     control_token_file: str | None = None
@@ -116,7 +121,8 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
         value = merged["poll_interval"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 10:
             problems.append(f"poll_interval must be a number of seconds in [0.01, 10], got {value!r}")
-    for key, low, high in (("interval", 0.1, 300), ("slow_interval", 1, 3600), ("checkpoint_grace", 0, 86400)):
+    for key, low, high in (("interval", 0.1, 300), ("slow_interval", 1, 3600), ("checkpoint_grace", 0, 86400),
+                           ("hang_factor", 0, 1000), ("hang_min_seconds", 0, 86400 * 7)):
         value = merged.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not low <= value <= high):
@@ -169,7 +175,7 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
             merged.get("control_file") or merged.get("checkpoint_dir")):
         problems.append("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
     for key in ("run", "verl_log", "checkpoint_dir", "spec", "control_token_env", "control_token_file",
-                "control_file"):
+                "control_file", "file_sd", "advertise"):
         if merged.get(key) is not None:
             merged[key] = str(merged[key])
     if problems:

@@ -67,11 +67,7 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
             self_metrics.set("verl_exporter_last_scrape_duration_seconds", time.perf_counter() - started)
             return body
         if path == "/healthz":
-            healthy, details = health()
-            body = json.dumps({"status": "ok" if healthy else "failing", **details}, sort_keys=True).encode()
-            start_response("200 OK" if healthy else "503 Service Unavailable",
-                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-            return [body]
+            return health_handler(path, health)(environ, start_response)
         if path == "/":
             body = _INDEX.format(summary=summary).encode()
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
@@ -80,6 +76,21 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
         return [b"not found: try /metrics or /healthz\n"]
 
     return app
+
+
+def health_handler(path: str, health: HealthFn):
+    """A WSGI handler for one health path: JSON details, 200 when healthy, 503 when not."""
+
+    def handle(environ, start_response):
+        if environ.get("PATH_INFO") != path:
+            return None
+        healthy, details = health()
+        body = json.dumps({"status": "ok" if healthy else "failing", **details}, sort_keys=True).encode()
+        start_response("200 OK" if healthy else "503 Service Unavailable",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return handle
 
 
 def _metrics_app(registry: CollectorRegistry, renderers, self_metrics: SelfMetrics):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
@@ -12,8 +13,9 @@ from .collectors import Context
 from .collectors.sampler import Sampler, build_collectors
 from .config import ServeConfig
 from .control import ControlState, default_control_file, make_control_app, read_token
+from .file_sd import FileSdRegistration, advertise_host
 from .selfmetrics import SelfMetrics
-from .server import HttpServer, SafeCollector, make_app
+from .server import HttpServer, SafeCollector, health_handler, make_app
 from .sources.verl_file import VerlFileFollower
 from .spec import Spec, load_spec
 from .store import TrainingStore
@@ -45,6 +47,7 @@ class Sidecar:
                 config.verl_log, self.store, self.self_metrics, poll_interval=config.poll_interval,
                 max_line_bytes=config.max_line_bytes, recover_bytes=config.recover_bytes)
         self.server: HttpServer | None = None
+        self.file_sd: FileSdRegistration | None = None
         self.control: ControlState | None = None
         # A Monitor passes its token directly; the CLI's sidecar reads it from env or file.
         self._control_token = control_token or read_token(config.control_token_env, config.control_token_file)
@@ -63,23 +66,61 @@ class Sidecar:
                        checkpoint_grace_s=c.checkpoint_grace, checkpoint_verify=c.checkpoint_verify,
                        environ=dict(os.environ))
 
+    def trainer_liveness(self, now: float | None = None) -> tuple[bool, str]:
+        """Is the watched trainer alive and stepping? Only judged when asked (--hang-factor, --trainer-pid)."""
+        c = self.config
+        if c.trainer_pid is not None:
+            try:
+                os.kill(c.trainer_pid, 0)
+            except ProcessLookupError:
+                return False, f"trainer pid {c.trainer_pid} is gone"
+            except PermissionError:
+                pass  # exists, owned by someone else
+        if c.hang_factor > 0 and self.store.step_time is not None:
+            now = time.time() if now is None else now
+            recent = self.store.recent_step_seconds()
+            limit = max(c.hang_min_seconds, c.hang_factor * recent) if recent else c.hang_min_seconds
+            age = now - self.store.step_time
+            if age > limit:
+                return False, f"no new step for {age:.0f} s (limit {limit:.0f} s)"
+        return True, "ok"
+
+    def sidecar_health(self) -> tuple[bool, dict]:
+        """/healthz/sidecar: the process and its sources, never the trainer."""
+        return self._health(check_trainer=False)
+
     def health(self) -> tuple[bool, dict]:
+        """/healthz: the sidecar, and the trainer's liveness when --hang-factor / --trainer-pid ask for it."""
+        return self._health(check_trainer=True)
+
+    def _health(self, check_trainer: bool) -> tuple[bool, dict]:
         sources = {}
         collectors = {c.name: "ok" if self.self_metrics.value("verl_exporter_collector_success", collector=c.name)
                       else "failing" for c in self.sampler.collectors}
         if self.follower:
             sources["verl_log"] = {"path": self.follower.path, "state": self.follower.status()}
         healthy = all(not s["state"].startswith("error") for s in sources.values())
-        return healthy, {"sources": sources, "collectors": collectors, "step": self.store.step, "pid": os.getpid()}
+        details = {"sources": sources, "collectors": collectors, "step": self.store.step, "pid": os.getpid()}
+        if check_trainer and (self.config.hang_factor > 0 or self.config.trainer_pid is not None):
+            alive, why = self.trainer_liveness()
+            details["trainer"] = why
+            healthy = healthy and alive
+        return healthy, details
 
     def start(self) -> Sidecar:
         summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={self.config.rank})."
         handlers = []
         if self.control:
             handlers.append(make_control_app(self.control, self._control_token, lambda *_: None, self.self_metrics))
+        handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
                        renderers=[self.store.render, self.sampler.render])
         self.server = HttpServer(app, self.config.listen).start()
+        if self.config.file_sd:
+            self.file_sd = FileSdRegistration(self.config.file_sd, self.config.advertise or advertise_host(),
+                                              self.server.port)
+            self.file_sd.start(on_error=lambda e: self.self_metrics.problem(
+                "file_sd", "write", f"cannot write {self.file_sd.path}: {e}"))
         self.sampler.start()
         if self.follower:
             self.follower.start()
@@ -88,6 +129,8 @@ class Sidecar:
         return self
 
     def stop(self) -> None:
+        if self.file_sd:
+            self.file_sd.stop()
         if self.follower:
             self.follower.stop()
         self.sampler.stop()
@@ -104,3 +147,4 @@ class _BeforeScrape:
     def collect(self):
         self._hook()
         return []
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -75,6 +76,7 @@ class TrainingStore:
         self._nonfinite: dict[str, float] = {}
         self._step: float | None = None
         self._step_time: float | None = None
+        self._step_times: deque[float] = deque(maxlen=21)  # when each of the recent new steps was seen
         self._step_metric = spec.with_field("step")
         self._step_time_metric = spec.with_field("step_time")
         self._nonfinite_metric = spec.with_field("nonfinite")
@@ -95,6 +97,8 @@ class TrainingStore:
                 else:
                     self._put_raw(key, raw)
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
+                if float(step) != self._step:
+                    self._step_times.append(seen_at)
                 self._step = float(step)
                 self._step_time = seen_at
             elif step is not None:
@@ -156,6 +160,13 @@ class TrainingStore:
     @property
     def step_time(self) -> float | None:
         return self._step_time
+
+    def recent_step_seconds(self) -> float | None:
+        """Median time between recent new steps (None until two were seen live)."""
+        with self._lock:
+            times = list(self._step_times)
+        gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b > a)
+        return gaps[len(gaps) // 2] if gaps else None
 
     def nonfinite_counts(self) -> dict[str, float]:
         """NaN/Inf values counted so far, by metric name."""
