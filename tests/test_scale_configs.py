@@ -1,0 +1,31 @@
+"""The scale-path examples stay valid: the HA replica's Prometheus config, with the generated rules."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import yaml
+from conftest import REPO, require_tool
+
+REPLICA = REPO / "docker/prometheus/scale/prometheus-replica.yml"
+
+
+def test_replica_config_passes_promtool(tmp_path):
+    promtool = require_tool("promtool")
+    shutil.copytree(REPO / "rules", tmp_path / "rules")
+    (tmp_path / "file_sd").mkdir()
+    (tmp_path / "prometheus.yml").write_text(REPLICA.read_text().replace("/etc/prometheus/", ""))
+    run = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_replica_config_keeps_what_the_rules_and_dashboards_need():
+    doc = yaml.safe_load(REPLICA.read_text())
+    assert doc["global"]["external_labels"]["__replica__"]  # HA deduplication in the long-term store
+    assert {"action": "labeldrop", "regex": "__replica__"} in doc["alerting"]["alert_relabel_configs"]
+    keep = doc["remote_write"][0]["write_relabel_configs"][0]["regex"]
+    for name in ("verl_training_step", "up", "rank:verl_x:avg_over_time_1h", "job_run:verl_x:avg"):
+        assert re.fullmatch(keep, name), name
