@@ -19,14 +19,14 @@ log = logging.getLogger("verl_exporter")
 _LOG_EVERY_S = 60.0
 
 
-class SelfMetrics:
-    def __init__(self, spec: Spec, const_labels: dict[str, str] | None = None):
-        self._metrics = {m.name: m for m in spec.for_collector("exporter")}
+class SpecSeries:
+    """Thread-safe counters and gauges of the spec entries of one collector (names checked on use)."""
+
+    def __init__(self, spec: Spec, collector: str, const_labels: dict[str, str] | None = None):
+        self._metrics = {m.name: m for m in spec.for_collector(collector)}
         self._values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self._metrics}
         self._lock = threading.Lock()
-        self._last_logged: dict[tuple[str, str], float] = {}
         self._const = dict(const_labels or {})
-        self.set("verl_exporter_build_info", 1, version=__version__)
 
     def _key(self, name: str, labels: dict[str, str]) -> tuple[str, ...]:
         metric = self._metrics[name]  # KeyError: a name the spec does not declare
@@ -49,6 +49,22 @@ class SelfMetrics:
         with self._lock:
             return self._values[name].get(key, 0.0)
 
+    def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
+        with self._lock:
+            return {name: dict(series) for name, series in self._values.items()}
+
+    def collect(self):
+        snapshot = self.snapshot()
+        for name, metric in self._metrics.items():
+            yield family(metric, snapshot[name], self._const)
+
+
+class SelfMetrics(SpecSeries):
+    def __init__(self, spec: Spec, const_labels: dict[str, str] | None = None):
+        super().__init__(spec, "exporter", const_labels)
+        self._last_logged: dict[tuple[str, str], float] = {}
+        self.set("verl_exporter_build_info", 1, version=__version__)
+
     def problem(self, component: str, kind: str, message: str, count: bool = True) -> None:
         """Count a problem of a component and log it, rate-limited per (component, kind).
 
@@ -61,9 +77,3 @@ class SelfMetrics:
         if last is None or now - last >= _LOG_EVERY_S:
             self._last_logged[(component, kind)] = now
             log.warning("%s: %s", component, message)
-
-    def collect(self):
-        with self._lock:
-            snapshot = {name: dict(series) for name, series in self._values.items()}
-        for name, metric in self._metrics.items():
-            yield family(metric, snapshot[name], self._const)

@@ -6,44 +6,26 @@ sender cannot grow the series count without bound.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from ..families import family
+from ..selfmetrics import SpecSeries
 from ..spec import Spec, load_spec
 
 MAX_RECEIVER_VALUES = 64
 OTHER = "other"
 
 
-class RelayMetrics:
+class RelayMetrics(SpecSeries):
     """Counters and gauges of the relay; gauges of the queues are read from a callback at scrape time."""
 
     def __init__(self, spec: Spec | None = None):
-        spec = spec or load_spec()
-        self._metrics = {m.name: m for m in spec.for_collector("relay")}
-        self._values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self._metrics}
-        self._lock = threading.Lock()
+        super().__init__(spec or load_spec(), "relay")
         self._receivers: set[str] = set()
         # () -> {target: (depth, oldest age in seconds)}, set by the dispatcher.
         self.queue_state: Callable[[], dict[str, tuple[int, float]]] = dict
-
-    def _key(self, name: str, labels: dict[str, str]) -> tuple[str, ...]:
-        metric = self._metrics[name]  # KeyError: a name the spec does not declare
-        return tuple(str(labels[label]) for label in metric.labels)
-
-    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(name, labels)
-        with self._lock:
-            series = self._values[name]
-            series[key] = series.get(key, 0.0) + amount
-
-    def value(self, name: str, **labels: str) -> float:
-        key = self._key(name, labels)
-        with self._lock:
-            return self._values[name].get(key, 0.0)
 
     def receiver_label(self, receiver: str) -> str:
         with self._lock:
@@ -53,8 +35,7 @@ class RelayMetrics:
         return OTHER
 
     def collect(self):
-        with self._lock:
-            snapshot = {name: dict(series) for name, series in self._values.items()}
+        snapshot = self.snapshot()
         for target, (depth, oldest) in self.queue_state().items():
             snapshot["verl_relay_queue_depth"][(target,)] = float(depth)
             snapshot["verl_relay_queue_oldest_seconds"][(target,)] = float(oldest)
