@@ -146,13 +146,16 @@ def build_collectors(enabled: dict[str, bool], ctx) -> list[Collector]:
     from . import Unavailable, load_all
 
     out = []
+    off: dict[str, list[str]] = {}  # reason -> collectors, so that one missing driver is one log line
     for name, cls in sorted(load_all().items()):
         if not enabled.get(name, cls.default_enabled):
             continue
         try:
             out.append(cls(ctx))
         except Unavailable as e:
-            log.info("collector %s is off: %s", name, e)
+            off.setdefault(str(e), []).append(name)
         except Exception as e:
             ctx.self_metrics.problem(name, "init", f"collector {name} could not start: {e!r}")
+    for reason, names in off.items():
+        log.info("collector%s %s: off, %s", "s" if len(names) > 1 else "", ", ".join(names), reason)
     return out
