@@ -79,7 +79,7 @@ def alert_expr(alert: Alert, sel: str) -> str:
         counter = vector(NONFINITE, sel, f'metric="{alert.metric}"')
         w = alert.window if alert.window != "30m" else "10m"
         # A counter born in the window (its first NaN) has no increase() yet: catch it with unless/offset.
-        return f"increase({counter}[{w}]) > 0 or ({counter} unless {counter} offset {w})"
+        return f"increase({counter}[{w}]) > 0 or ({counter} unless {counter} offset {w}) > 0"
     if alert.kind == "adaptive":
         w, lag = alert.window, adaptive_lag(alert)
         x = vector(alert.metric, sel, m)

@@ -53,8 +53,10 @@ def _series_text(values: list[float | None]) -> str:
         j = i
         while j + 1 < len(values) and values[j + 1] == values[i]:
             j += 1
-        text = "_" if values[i] is None else _fmt(values[i])
-        out.append(text if j == i else f"{text}x{j - i}")
+        if values[i] is None:  # promtool: "_xN" is N missing samples, "axN" is N + 1 samples of a
+            out.append("_" if j == i else f"_x{j - i + 1}")
+        else:
+            out.append(_fmt(values[i]) if j == i else f"{_fmt(values[i])}x{j - i}")
         i = j + 1
     return " ".join(out)
 
