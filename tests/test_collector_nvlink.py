@@ -29,7 +29,7 @@ def test_a_gpu_without_nvlink_has_exactly_the_supported_0_series_and_is_asked_on
     c.close()
 
 
-def test_link_states_errors_per_link_and_type_and_data_bytes():
+def test_link_states_per_link_errors_per_type_and_data_bytes():
     fake = FakeNvml(2, nvlink_links=4)
     g = fake.gpu(1)
     g.nvlink_states[2] = 0
@@ -41,16 +41,18 @@ def test_link_states_errors_per_link_and_type_and_data_bytes():
     s = c.sample()
     assert value(s, "verl_gpu_nvlink_supported", gpu=1) == 1
     assert [value(s, "verl_gpu_nvlink_link_up", gpu=1, link=k) for k in range(4)] == [1, 1, 0, 1]
-    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, link=1, type="crc_flit") == 5
-    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, link=1, type="crc_data") == 6
-    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, link=3, type="replay") == 7
-    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, link=0, type="recovery") == 8
-    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, link=2, type="replay") == 0
-    assert sum(1 for name, labels, _ in s if name == "verl_gpu_nvlink_errors_total" and labels["gpu"] == "1") == 16
+    g.nvlink_errors[(2, NVML_NVLINK_ERROR_DL_REPLAY)] = 3
+    s = c.sample()
+    # summed over the links, one series per type: 4 per GPU whatever the number of links
+    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, type="crc_flit") == 5
+    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, type="crc_data") == 6
+    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, type="replay") == 7 + 3
+    assert value(s, "verl_gpu_nvlink_errors_total", gpu=1, type="recovery") == 8
+    assert sum(1 for name, labels, _ in s if name == "verl_gpu_nvlink_errors_total" and labels["gpu"] == "1") == 4
     assert value(s, "verl_gpu_nvlink_data_bytes_total", gpu=1, direction="tx") == 600 * 1024
     assert value(s, "verl_gpu_nvlink_data_bytes_total", gpu=1, direction="rx") == 10 * 1024
     assert value(s, "verl_gpu_nvlink_data_bytes_total", gpu=0, direction="tx") == 0
-    assert fake.count("nvmlDeviceGetFieldValues", gpu=1) == 1  # one batch per GPU
+    assert fake.count("nvmlDeviceGetFieldValues", gpu=1) == 2  # one batch per GPU and sample
     c.close()
 
 

@@ -54,6 +54,9 @@ class Collector:
     name: ClassVar[str] = ""
     default_enabled: ClassVar[bool] = True
     description: ClassVar[str] = ""
+    # Node-wide sources (disks, NICs, PSI) run on local rank 0 only unless switched on explicitly:
+    # eight sidecars of one node would otherwise export the same series eight times.
+    per_node: ClassVar[bool] = False
 
     def __init__(self, ctx: Context):
         self.ctx = ctx

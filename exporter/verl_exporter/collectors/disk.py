@@ -38,6 +38,7 @@ _SECTOR_BYTES = 512
 @register
 class DiskCollector(Collector):
     name = "disk"
+    per_node = True
     description = "per-device busy ratio, queue depth, await and bytes from /proc/diskstats"
 
     def __init__(self, ctx: Context):

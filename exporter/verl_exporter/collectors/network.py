@@ -29,6 +29,7 @@ _METRICS = (("verl_host_network_bytes_total", _BYTES), ("verl_host_network_error
 @register
 class NetworkCollector(Collector):
     name = "network"
+    per_node = True
     description = "network bytes, errors and drops per interface (loopback and container veths excluded)"
 
     def sample(self) -> list[Sample]:

@@ -25,6 +25,7 @@ _US_PER_S = 1e6
 @register
 class PressureCollector(Collector):
     name = "pressure"
+    per_node = True
     description = "Linux PSI stall time by resource (cpu, io, memory) and kind (some, full)"
 
     def __init__(self, ctx: Context):

@@ -150,6 +150,8 @@ def build_collectors(enabled: dict[str, bool], ctx) -> list[Collector]:
     for name, cls in sorted(load_all().items()):
         if not enabled.get(name, cls.default_enabled):
             continue
+        if cls.per_node and ctx.local_rank not in (None, 0) and enabled.get(name) is not True:
+            continue
         try:
             out.append(cls(ctx))
         except Unavailable as e:
