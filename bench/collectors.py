@@ -45,6 +45,7 @@ from foundation import (  # noqa: E402
     extra_keys_line,
     free_port,
     scrape_latency,
+    start_node_exporter,
     step_of,
 )
 from verl_exporter.demo import demo_lines  # noqa: E402
@@ -166,14 +167,7 @@ def bench_scrape(args, out) -> dict:
                                    "--listen", f"127.0.0.1:{port}", "--verl-log", str(log_path)],
                        f"http://127.0.0.1:{port}/metrics", workdir)
         procs.append(sidecar)
-        node = None
-        if node_bin:
-            nport = free_port()
-            node = Proc("node_exporter", [node_bin, f"--web.listen-address=127.0.0.1:{nport}"],
-                        f"http://127.0.0.1:{nport}/metrics", workdir)
-            procs.append(node)
-        else:
-            out("!! prometheus-node-exporter not found: the node_exporter baselines are skipped")
+        node = start_node_exporter(node_bin, workdir, procs, out)
 
         def ready(text: str) -> bool:
             return ((step_of(text) or 0) >= last_step and text.count("verl_gpu_up{") == N_GPUS

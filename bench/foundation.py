@@ -196,6 +196,18 @@ def bench_log(args, out) -> dict:
     }
 
 
+def start_node_exporter(node_bin: str | None, workdir: Path, procs: list, out) -> Proc | None:
+    """The baseline: Debian's node_exporter on a free loopback port (None, said once, when it is missing)."""
+    if not node_bin:
+        out("\n!! prometheus-node-exporter not found: node_exporter baselines are skipped")
+        return None
+    nport = free_port()
+    node = Proc("node_exporter", [node_bin, f"--web.listen-address=127.0.0.1:{nport}"],
+                f"http://127.0.0.1:{nport}/metrics", workdir)
+    procs.append(node)
+    return node
+
+
 def extra_keys_line(step: int) -> bytes:
     """Keys a multi-turn run with several validation sets adds, so the sidecar serves ~150 training series."""
     data: dict[str, float] = {}
@@ -375,14 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "--verl-log", str(log_path), "--run", "bench", "--rank", "0"],
                        f"http://127.0.0.1:{port}/metrics", workdir)
         procs.append(sidecar)
-        node = None
-        if node_bin:
-            nport = free_port()
-            node = Proc("node_exporter", [node_bin, f"--web.listen-address=127.0.0.1:{nport}"],
-                        f"http://127.0.0.1:{nport}/metrics", workdir)
-            procs.append(node)
-        else:
-            out("\n!! prometheus-node-exporter not found: node_exporter baselines are skipped")
+        node = start_node_exporter(node_bin, workdir, procs, out)
 
         sidecar.wait_ready(session, until=lambda text: (step_of(text) or 0) >= last_step)
         if node:

@@ -136,13 +136,20 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def cmd_spec(args) -> int:
+def _load_spec(path):
+    """The spec, or None after printing why it cannot be used."""
     from .spec import SpecError, load_spec
 
     try:
-        spec = load_spec(args.spec)
+        return load_spec(path)
     except SpecError as e:
         print(f"verl-exporter: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_spec(args) -> int:
+    spec = _load_spec(args.spec)
+    if spec is None:
         return 1
     if args.json:
         json.dump({"version": spec.version, "target_labels": list(spec.target_labels),
@@ -169,12 +176,9 @@ def cmd_generate(args) -> int:
     from pathlib import Path
 
     from .render import generate
-    from .spec import SpecError, load_spec
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(f"verl-exporter: {e}", file=sys.stderr)
+    spec = _load_spec(args.spec)
+    if spec is None:
         return 1
     stale = generate(spec, Path(args.out), check=args.check)
     if args.check:
