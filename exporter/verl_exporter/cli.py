@@ -104,11 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wait_for_signal() -> None:
+def _stop_event() -> threading.Event:
+    """Set by SIGINT/SIGTERM. Installed before anything starts, so an early signal still stops cleanly."""
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    return done
 
 
 def cmd_serve(args) -> int:
@@ -120,6 +121,7 @@ def cmd_serve(args) -> int:
     toggles = {k.split("__", 1)[1]: flags.pop(k) for k in list(flags) if k.startswith("collector__")}
     if any(v is not None for v in toggles.values()):
         flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
+    done = _stop_event()
     try:
         config = build_config(read_config_file(args.config), flags, origin=args.config or "flags")
         sidecar = Sidecar(config)
@@ -131,7 +133,7 @@ def cmd_serve(args) -> int:
         print(f"verl-exporter: cannot listen on {args.listen or 'the default address'}: {e.strerror}",
               file=sys.stderr)
         return 2
-    _wait_for_signal()
+    done.wait()
     sidecar.stop()
     return 0
 

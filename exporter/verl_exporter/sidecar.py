@@ -115,12 +115,13 @@ class Sidecar:
         handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
                        renderers=[self.store.render, self.sampler.render])
-        self.server = HttpServer(app, self.config.listen).start()
-        if self.config.file_sd:
+        self.server = HttpServer(app, self.config.listen)  # bound: the port is known, nothing served yet
+        if self.config.file_sd:  # registered before serving: once /healthz answers, discovery has us
             self.file_sd = FileSdRegistration(self.config.file_sd, self.config.advertise or advertise_host(),
                                               self.server.port)
             self.file_sd.start(on_error=lambda e: self.self_metrics.problem(
                 "file_sd", "write", f"cannot write {self.file_sd.path}: {e}"))
+        self.server.start()
         self.sampler.start()
         if self.follower:
             self.follower.start()
