@@ -121,7 +121,7 @@ def test_close_stops_the_thread_promptly_and_frees_the_set():
     assert thread.is_alive()
     started = time.monotonic()
     c.close()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # the event wait times out every 0.5 s; a hang would not
     assert not thread.is_alive()
     assert fake.event_sets[0].freed and fake.refcount == 0
     c.close()  # twice is harmless

@@ -219,13 +219,13 @@ def test_routes_in_order_with_matchers_regex_and_continue(robots):
 # ---------------------------------------------------------------- delivery
 def test_delivery_is_signed_verified_by_the_robot_and_never_blocks_the_webhook(robots, start_relay):
     dt, wc = robots
-    dt.delay = wc.delay = 0.8  # slow robots: the webhook must not wait for them
+    dt.delay = wc.delay = 3.0  # slow robots: the webhook must not wait for them
     relay = start_relay(relay_doc(dt, wc))
     started = time.monotonic()
     code, body = post(relay, "verl-critical", webhook("verl-critical", [am_alert()]))
     assert (code, body["targets"]) == (200, {"dingtalk": 1, "wecom": 1})
-    assert time.monotonic() - started < 0.5
-    wait_for(lambda: dt.messages and wc.messages, timeout=5)
+    assert time.monotonic() - started < 2.0  # well under one robot's answer
+    wait_for(lambda: dt.messages and wc.messages, timeout=15)
     (request,) = dt.requests
     assert request["errcode"] == 0  # the fake checked access_token, timestamp (within 1 h) and signature
     assert request["query"]["access_token"] == TOKEN and request["query"]["sign"]
