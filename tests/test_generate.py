@@ -225,3 +225,14 @@ def test_annotation_expansion_matches_go():
     assert go_printf("%.0f", 1860.0) == "1860" and go_printf("%.3g", float("inf")) == "+Inf"
     text = 'v={{ $value | printf "%.2f" }} on {{ $labels.rank }}{{ $labels.missing }}'
     assert expand(text, 1.234, {"rank": "3"}) == "v=1.23 on 3"
+
+
+def test_relay_url_can_be_pointed_elsewhere(tmp_path):
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    proc = subprocess.run([sys.executable, "-m", "verl_exporter", "generate", "--out", str(tmp_path),
+                           "--relay-url", "http://verl-exporter-relay.monitoring.svc:9095/"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    am = yaml.safe_load((tmp_path / "alertmanager/alertmanager.yml").read_text())
+    urls = {h["url"] for r in am["receivers"] for h in r["webhook_configs"]}
+    assert urls and all(u.startswith("http://verl-exporter-relay.monitoring.svc:9095/alert/") for u in urls)

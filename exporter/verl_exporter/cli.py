@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", default=".", metavar="DIR", help="repository root to write into (default .)")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale file")
     gen.add_argument("--spec", metavar="FILE", help="render from this spec instead of the packaged one")
+    gen.add_argument("--relay-url", metavar="URL",
+                     help="where Alertmanager's receivers post (default the spec's, http://127.0.0.1:9095: the "
+                          "relay beside Alertmanager); e.g. http://verl-exporter-relay.monitoring.svc:9095")
 
     from . import checkpoint_cli, node
     from .relay import add_parser as relay_parser
@@ -182,6 +185,10 @@ def cmd_generate(args) -> int:
     spec = _load_spec(args.spec)
     if spec is None:
         return 1
+    if args.relay_url:
+        import dataclasses
+
+        spec = dataclasses.replace(spec, rules=dataclasses.replace(spec.rules, relay_url=args.relay_url))
     stale = generate(spec, Path(args.out), check=args.check)
     if args.check:
         if stale:

@@ -1,8 +1,9 @@
 """Alertmanager configuration: routes by team and severity, grouping, inhibit rules, relay receivers.
 
 Valid for Alertmanager 0.25 (Debian bookworm's): matchers lists, source_matchers/target_matchers, no
-route labels, no inhibit-rule names. Every receiver is a webhook to the relay (verl-exporter relay), which
-delivers to DingTalk / WeCom robots; the receiver's name is the last part of the URL path.
+route labels, no inhibit-rule names. Every receiver is a webhook to the relay (verl-exporter relay) at the spec's
+``rules.relay_url`` (``generate --relay-url`` overrides it), which delivers to DingTalk / WeCom robots; the
+receiver's name is the last part of the URL path.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from ..spec import Spec
 from ..spec.rules import SEVERITIES
 from .templating import render
 
-RELAY_URL = "http://127.0.0.1:9095"
 DEFAULT_TEAM = "verl"
 # Repeat critical pages hourly, warnings every 4 hours, information once a day.
 REPEAT = {"critical": "1h", "warning": "4h", "info": "24h"}
@@ -33,7 +33,8 @@ def inhibit_rules(spec: Spec) -> list[dict]:
     return out
 
 
-def render_alertmanager(spec: Spec, relay_url: str = RELAY_URL) -> dict[str, str]:
+def render_alertmanager(spec: Spec) -> dict[str, str]:
+    relay_url = spec.rules.relay_url.rstrip("/")
     team_routes = [{"team": t, "receivers": {s: f"{t}-{s}" for s in SEVERITIES}} for t in teams(spec)]
     receivers = [f"{DEFAULT_TEAM}-{s}" for s in SEVERITIES]
     receivers += [r for t in team_routes for r in t["receivers"].values()]

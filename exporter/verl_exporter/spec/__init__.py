@@ -42,7 +42,7 @@ ENTRY_KEYS = {"name", "type", "unit", "help", "layer", "labels", "source", "fiel
               "max_series", "alerts", "panels", "record"}
 SOURCE_KEYS = {"match", "regex", "labels", "values", "convert", "scale"}
 TOP_KEYS = {"version", "target_labels", "defaults", "rules", "alerts", "metrics"}
-RULES_KEYS = {"selector", "runbook_url", "evaluation_interval"}
+RULES_KEYS = {"selector", "runbook_url", "evaluation_interval", "relay_url"}
 RECORDINGS = ("cross_rank",)
 DEFAULT_KEYS = {"max_series"}
 
@@ -120,6 +120,7 @@ class RulesConfig:
     selector: str = 'job="verl"'
     runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
     evaluation_interval: str = "30s"
+    relay_url: str = "http://127.0.0.1:9095"  # where Alertmanager's receivers post (verl-exporter relay)
 
 
 @dataclass(frozen=True)
