@@ -33,7 +33,6 @@ class FamilyRenderer:
 
     def __init__(self, const_labels: Mapping[str, str] | None = None):
         self._const = dict(const_labels or {})
-        self._const_text = ",".join(f'{k}="{_escape_label(v)}"' for k, v in self._const.items())
         self._headers: dict[tuple[str, bool], str] = {}
         self._prefixes: dict[tuple[str, tuple[str, ...]], str] = {}
 
@@ -51,8 +50,9 @@ class FamilyRenderer:
     def _prefix(self, metric: MetricSpec, key: tuple[str, ...]) -> str:
         cached = self._prefixes.get((metric.name, key))
         if cached is None:
-            pairs = ",".join(f'{n}="{_escape_label(v)}"' for n, v in zip(metric.labels, key, strict=True))
-            labels = ",".join(p for p in (pairs, self._const_text) if p)
+            # Sorted by name, as client_python writes them.
+            pairs = sorted([*zip(metric.labels, key, strict=True), *self._const.items()])
+            labels = ",".join(f'{n}="{_escape_label(v)}"' for n, v in pairs)
             cached = f"{metric.name}{{{labels}}} " if labels else f"{metric.name} "
             if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
                 self._prefixes.clear()

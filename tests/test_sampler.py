@@ -1,0 +1,127 @@
+"""The sampler: collectors on their own threads; a scrape never waits for one, whatever it does."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from conftest import parse_metrics, sample, wait_for
+from fake_pynvml import make_context
+from verl_exporter.collectors.base import Collector
+from verl_exporter.collectors.sampler import Sampler
+
+
+class Hanging(Collector):
+    """Like a stat() on a dead NFS mount: the second sample never returns."""
+
+    name = "checkpoint"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.calls = 0
+        self.release = threading.Event()
+
+    def sample(self):
+        self.calls += 1
+        if self.calls > 1:
+            self.release.wait(60)
+        return [("verl_checkpoint_latest_step", {}, 7.0)]
+
+
+class Steady(Collector):
+    name = "host"
+
+    def sample(self):
+        return [("verl_host_load_average", {"period": "1m"}, 0.5)]
+
+
+class Broken(Collector):
+    name = "network"
+
+    def sample(self):
+        raise OSError("no /proc/net/dev")
+
+
+def test_a_hung_collector_never_holds_up_a_scrape_and_its_staleness_shows():
+    ctx = make_context(None)
+    hung, steady = Hanging(ctx), Steady(ctx)
+    sampler = Sampler([hung, steady, Broken(ctx)], ctx.spec, ctx.self_metrics, {"rank": "0"}, interval=0.05)
+    sampler.start()
+    try:
+        wait_for(lambda: hung.calls >= 2, timeout=5)  # now stuck inside sample()
+        stuck_since = ctx.self_metrics.value("verl_exporter_collector_last_success_timestamp_seconds",
+                                             collector="checkpoint")
+        time.sleep(0.3)
+        started = time.perf_counter()
+        text = sampler.render()
+        assert time.perf_counter() - started < 0.5  # a scrape copies samples; it does not wait for them
+        m = parse_metrics(text)
+        assert sample(m, "verl_checkpoint_latest_step", rank="0") == 7  # the last good sample is still served
+        assert sample(m, "verl_host_load_average", period="1m") == 0.5
+        steady_last = ctx.self_metrics.value("verl_exporter_collector_last_success_timestamp_seconds",
+                                             collector="host")
+        assert steady_last > stuck_since  # the others go on; the hung one's age grows
+        assert ctx.self_metrics.value("verl_exporter_collector_success", collector="network") == 0
+        assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="network") >= 1
+    finally:
+        hung.release.set()
+        sampler.stop()
+
+
+def test_samples_that_do_not_fit_the_spec_are_counted_not_served():
+    ctx = make_context(None)
+
+    class Wrong(Collector):
+        name = "host"
+
+        def sample(self):
+            return [("verl_host_load_average", {"nope": "x"}, 1.0), ("verl_not_in_spec", {}, 1.0),
+                    ("verl_host_memory_total_bytes", {}, 8.0)]
+
+    sampler = Sampler([Wrong(ctx)], ctx.spec, ctx.self_metrics)
+    assert sampler.run_once(sampler.collectors[0])
+    m = parse_metrics(sampler.render())
+    assert sample(m, "verl_host_memory_total_bytes") == 8
+    assert sample(m, "verl_host_load_average") is None
+    assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="host") == 2
+
+
+def test_series_over_a_metrics_cap_are_dropped_and_counted():
+    ctx = make_context(None)
+    cap = ctx.spec["verl_host_network_bytes_total"].max_series
+
+    class Many(Collector):
+        name = "network"
+
+        def sample(self):
+            return [("verl_host_network_bytes_total", {"interface": f"eth{i}", "direction": "receive"}, 1.0)
+                    for i in range(cap + 5)]
+
+    sampler = Sampler([Many(ctx)], ctx.spec, ctx.self_metrics)
+    sampler.run_once(sampler.collectors[0])
+    m = parse_metrics(sampler.render())
+    assert sum(1 for name, _ in m if name == "verl_host_network_bytes_total") == cap
+    assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 5
+
+
+def test_fast_exposition_matches_client_python():
+    """exposition.py renders what client_python would, in both formats."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    ctx = make_context(None)
+
+    class Mixed(Collector):
+        name = "host"
+
+        def sample(self):
+            return [("verl_host_load_average", {"period": 'a"b\\c\nd'}, float("nan")),
+                    ("verl_host_pressure_stall_seconds_total", {"resource": "io", "kind": "some"}, 1e21),
+                    ("verl_host_memory_total_bytes", {}, float("inf"))]
+
+    sampler = Sampler([Mixed(ctx)], ctx.spec, ctx.self_metrics, {"run": "r", "rank": "1"})
+    sampler.run_once(sampler.collectors[0])
+    registry = CollectorRegistry()
+    registry.register(sampler)
+    assert sampler.render() == generate_latest(registry).decode()
+    assert sampler.render(openmetrics=True) + "# EOF\n" == generate_openmetrics(registry).decode()
