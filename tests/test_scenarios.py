@@ -1,4 +1,4 @@
-"""The scenario tests (rules/tests/scenarios-test.yaml, written by scripts/make_scenarios.py): up to date,
+"""The scenario tests (rules/scenarios/scenarios-test.yaml, written by scripts/make_scenarios.py): up to date,
 passed by promtool, covering every alert on the clean runs, and naming only alerts that exist."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from conftest import REPO, require_tool
 from verl_exporter.spec import load_spec
 
 SCRIPT = REPO / "scripts" / "make_scenarios.py"
-SCENARIOS = REPO / "rules" / "tests" / "scenarios-test.yaml"
+SCENARIOS = REPO / "rules" / "scenarios" / "scenarios-test.yaml"
 SPEC_ALERTS = {a.alert for a in load_spec().alerts()}
 
 
