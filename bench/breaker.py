@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
+import paths  # noqa: F401 - sets up imports of the package from this checkout
 
+# isort: split
 from prometheus_client import CollectorRegistry, Gauge  # noqa: E402
 from verl_exporter.breaker import CircuitBreaker, rules_from_spec  # noqa: E402
 from verl_exporter.demo import demo_lines  # noqa: E402

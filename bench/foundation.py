@@ -32,10 +32,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
 from pathlib import Path
 
-try:
-    import verl_exporter  # noqa: F401
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
+import paths  # noqa: F401 - sets up imports of the package from this checkout
+
+# isort: split
 
 import psutil
 import requests

@@ -33,11 +33,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-try:
-    import verl_exporter  # noqa: F401
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(REPO / "exporter"))
+from paths import REPO  # noqa: F401 - sets up imports of the package from this checkout
+
+# isort: split
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 

@@ -61,13 +61,9 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-sys.path.insert(0, str(REPO / "tests"))  # the fake NVML
-try:
-    import verl_exporter  # noqa: F401
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(REPO / "exporter"))
+from paths import BENCH, REPO  # noqa: E402, F401 - sets up imports of the package and the fake NVML
+
+# isort: split
 
 import psutil  # noqa: E402
 import requests  # noqa: E402

@@ -149,7 +149,8 @@ class TrainingStore:
             self._self.inc("verl_exporter_series_dropped_total", reason="name_clash")
             return None
         self._unmapped[name] = (key, value)
-        self._self.set("verl_exporter_unmapped_series", len(self._unmapped))
+        if known is None:  # a new series: the only time the count changes
+            self._self.set("verl_exporter_unmapped_series", len(self._unmapped))
         return name
 
     # ------------------------------------------------------------------ reading

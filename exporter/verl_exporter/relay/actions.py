@@ -55,12 +55,8 @@ def parse_actions(loader, raw, matcher_factory) -> tuple[Action, ...]:
     out = []
     for i, item in enumerate(raw):
         where = f"actions[{i}]"
-        if not isinstance(item, dict):
-            loader.problems.append(f"{where}: must be a mapping")
+        if not loader.mapping(where, item, ACTION_KEYS):
             continue
-        unknown = set(item) - ACTION_KEYS
-        if unknown:
-            loader.problems.append(f"{where}: unknown key(s) {sorted(unknown)}")
         action = item.get("action")
         if action not in ACTIONS:
             loader.problems.append(f"{where}: action must be one of {list(ACTIONS)}")

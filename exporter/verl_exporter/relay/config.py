@@ -99,6 +99,15 @@ class Delivery:
     # The robots count messages per minute; tests shrink the window so a burst takes seconds.
     rate_window_seconds: float = 60.0
 
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based): doubling, capped."""
+        return min(self.initial_backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
+
+    def should_retry(self, result, attempt: int, elapsed: float) -> bool:
+        """Retry a retryable failure while attempts and the total time per message allow it."""
+        return (result.retryable and attempt < self.max_attempts
+                and elapsed + self.backoff(attempt) <= self.max_retry_seconds)
+
 
 @dataclass(frozen=True)
 class Target:
@@ -281,12 +290,8 @@ class _Loader:
         if not isinstance(name, str) or not NAME_RE.match(name):
             self.problems.append(f"{where}: a target name must be letters, digits, '.', '_' or '-'")
             return None
-        if not isinstance(raw, dict):
-            self.problems.append(f"{where}: must be a mapping")
+        if not self.mapping(where, raw, TARGET_KEYS):
             return None
-        unknown = set(raw) - TARGET_KEYS
-        if unknown:
-            self.problems.append(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(TARGET_KEYS)})")
         kind = raw.get("type")
         if kind not in TARGET_TYPES:
             self.problems.append(f"{where}: type must be one of {list(TARGET_TYPES)}, got {kind!r}")
@@ -325,6 +330,16 @@ class _Loader:
                       mention_userids=userids, mention_severities=mention_sev, mention_all_severities=all_sev,
                       format=fmt, rate_per_minute=rate, template=template, text_template=text_template)
 
+    def mapping(self, where: str, raw: Any, keys: set[str]) -> bool:
+        """A mapping whose keys are all known (unknown ones are a problem, but the rest is still checked)."""
+        if not isinstance(raw, dict):
+            self.problems.append(f"{where}: must be a mapping")
+            return False
+        unknown = set(raw) - keys
+        if unknown:
+            self.problems.append(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(keys)})")
+        return True
+
     def matchers(self, where: str, raw_matchers: Any) -> list[Matcher]:
         """{label: value} for an exact match or {label: {regex: ...}} for a full-match regex."""
         matchers: list[Matcher] = []
@@ -349,12 +364,8 @@ class _Loader:
 
     def route(self, i: int, raw: Any, targets: dict[str, Any]) -> Route | None:
         where = f"routes[{i}]"
-        if not isinstance(raw, dict):
-            self.problems.append(f"{where}: must be a mapping")
+        if not self.mapping(where, raw, ROUTE_KEYS):
             return None
-        unknown = set(raw) - ROUTE_KEYS
-        if unknown:
-            self.problems.append(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(ROUTE_KEYS)})")
         receivers = self.str_list(where, raw, "receivers", NAME_RE)
         if "targets" not in raw:
             self.problems.append(f"{where}: targets is missing (use [] to deliver nowhere on purpose)")

@@ -26,7 +26,7 @@ from .config import RelayConfig, Target, zone
 from .format import Message, pack
 from .metrics import RelayMetrics
 from .payload import Alert, parse_alert
-from .senders import RetryPolicy, RobotSender, Sender
+from .senders import RobotSender, Sender
 
 log = logging.getLogger("verl_exporter.relay")
 
@@ -83,8 +83,7 @@ class TargetWorker:
         self.metrics = metrics
         self.delivery = config.delivery
         self.tz = zone(config.timezone)
-        self.policy = RetryPolicy(self.delivery.max_attempts, self.delivery.initial_backoff_seconds,
-                                  self.delivery.max_backoff_seconds, self.delivery.max_retry_seconds)
+        self.policy = self.delivery  # the retry policy is part of the delivery settings
         self.limiter = RateLimiter(target.rate_per_minute, self.delivery.rate_window_seconds)
         self._pending: deque[Queued] = deque()
         self._by_key: dict[str, Queued] = {}

@@ -129,21 +129,3 @@ class RobotSender:
 
     def _scrub(self, text: str) -> str:
         return scrub(text, self._secrets)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff, bounded both in attempts and in total time per message."""
-
-    max_attempts: int = 6
-    initial_backoff: float = 1.0
-    max_backoff: float = 60.0
-    max_total: float = 300.0
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1-based)."""
-        return min(self.initial_backoff * 2 ** (attempt - 1), self.max_backoff)
-
-    def should_retry(self, result: SendResult, attempt: int, elapsed: float) -> bool:
-        return (result.retryable and attempt < self.max_attempts
-                and elapsed + self.backoff(attempt) <= self.max_total)
