@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import urllib.request
 
@@ -222,19 +223,122 @@ def test_step_control_saves_and_stops_at_the_step_boundary(tmp_path, monkeypatch
     assert len(lines) == 6  # step 6 was logged before the stop
 
 
-def test_controlled_callback_installs_on_verl_trainer(tmp_path, monkeypatch):
+def test_controlled_callback_hooks_verls_v1_trainer_not_the_legacy_loop(tmp_path, monkeypatch):
     omegaconf = pytest.importorskip("omegaconf")
+    pytest.importorskip("verl.trainer.ppo.v1.trainer_base", reason="needs verl[verl-core]")
     from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
+    monkeypatch.delenv("VERL_EXPORTER_CONTROL_FILE", raising=False)
     config = omegaconf.OmegaConf.create({"trainer": {
         "checkpoint_callback_class": "verl_exporter.verl_callback.ControlledCheckpointCallback",
         "default_local_dir": str(tmp_path)}})
-    original = RayPPOTrainer.fit
+    cb = build_checkpoint_callback(config)
+    assert cb.control is not None
+    assert str(cb.control.reader.path) == str(tmp_path / ".verl-exporter-control.json")
+    assert getattr(PPOTrainer.fit, "_verl_exporter_wrapped", False)  # the loop verl 0.9.1 runs
+    assert not getattr(RayPPOTrainer.fit, "_verl_exporter_wrapped", False)  # never builds the callback
+
+
+def test_control_file_is_readable_by_a_trainer_under_another_uid_by_default(tmp_path):
+    path = tmp_path / "control.json"
+    ControlState(str(path)).request("stop", "x")
+    assert path.stat().st_mode & 0o777 == 0o644
+    ControlState(str(path), mode=0o640).request("checkpoint", "x")
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize("text, expected", [("0644", 0o644), ("640", 0o640), (0o600, 0o600)])
+def test_parse_file_mode(text, expected):
+    from verl_exporter.control import parse_file_mode
+
+    assert parse_file_mode(text) == expected
+
+
+@pytest.mark.parametrize("text", ["rw-r--r--", "0444", "1777", "9"])
+def test_parse_file_mode_rejects_what_the_sidecar_could_not_write(text):
+    from verl_exporter.control import parse_file_mode
+
+    with pytest.raises(ValueError, match="mode"):
+        parse_file_mode(text)
+
+
+def test_config_takes_the_mode_from_yaml_as_written():
+    import yaml
+    from verl_exporter.config import ConfigError, build_config
+
+    values = yaml.safe_load("control_file_mode: 0640")  # YAML 1.1 reads an unquoted 0640 as the integer 416
+    assert build_config(values, {}).control_file_mode == "0640"
+    assert build_config({}, {"control_file_mode": "600"}).control_file_mode == "600"
+    with pytest.raises(ConfigError, match="control_file_mode"):
+        build_config(yaml.safe_load("control_file_mode: 0400"), {})
+
+
+def _read_as_nobody(path: str, conn) -> None:
+    """In a child process: drop to uid/gid 65534 and ask a ControlReader what it sees."""
+    os.setgid(65534)
+    os.setuid(65534)
+    reader = ControlReader(path, clock=lambda: 0.0)
+    reader.poll()
+    conn.send((reader.stop_requested, reader.read_failures))
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to switch users")
+@pytest.mark.parametrize("mode, seen", [(0o644, True), (0o600, False)])
+def test_a_trainer_under_another_uid_reads_the_request_or_counts_why_not(mode, seen):
+    import multiprocessing
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp()
     try:
-        cb = build_checkpoint_callback(config)
-        assert cb.control is not None
-        assert str(cb.control.reader.path) == str(tmp_path / ".verl-exporter-control.json")
-        assert getattr(RayPPOTrainer.fit, "_verl_exporter_wrapped", False)
+        os.chmod(folder, 0o755)
+        path = os.path.join(folder, "control.json")
+        ControlState(path, mode=mode).request("stop", "VerlHang")
+        parent, child = multiprocessing.Pipe()
+        proc = multiprocessing.get_context("fork").Process(target=_read_as_nobody, args=(path, child))
+        proc.start()
+        proc.join(20)
+        stop_seen, failures = parent.recv()
+        assert (stop_seen, failures) == (seen, 0 if seen else 1)
     finally:
-        RayPPOTrainer.fit = original
+        shutil.rmtree(folder)
+
+
+def test_an_unreadable_control_file_is_counted_logged_and_retried(tmp_path, monkeypatch, caplog):
+    from pathlib import Path
+
+    path = tmp_path / "control.json"
+    ControlState(str(path)).request("checkpoint", "x")
+    errors = []
+    reader = ControlReader(str(path), clock=lambda: 0.0, on_error=errors.append)
+    real_read = Path.read_text
+
+    def denied(self, *a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with caplog.at_level("WARNING", logger="verl_exporter"):
+        reader.poll()
+        reader.poll()
+    assert reader.read_failures == 2 and len(errors) == 2
+    assert "permission denied" in errors[0] and len(caplog.records) == 1  # logged once, counted each time
+    assert not reader.take_checkpoint_request()
+    monkeypatch.setattr(Path, "read_text", real_read)
+    reader.poll()  # the same, unchanged file: read again now that it can be
+    assert reader.take_checkpoint_request()
+
+
+def test_two_requests_within_one_mtime_tick_are_both_seen(tmp_path):
+    path = tmp_path / "control.json"
+    state = ControlState(str(path))
+    reader = ControlReader(str(path), clock=lambda: 0.0)
+    state.request("checkpoint", "x")
+    reader.poll()
+    assert reader.take_checkpoint_request()
+    before = path.stat()
+    state.request("stop", "y")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # a coarse clock: the same mtime
+    reader.poll()
+    assert reader.stop_requested

@@ -63,6 +63,9 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--control-file", metavar="PATH",
                    help="where requests are recorded for the trainer (default <checkpoint-dir>/"
                         ".verl-exporter-control.json)")
+    c.add_argument("--control-file-mode", metavar="OCTAL",
+                   help="permissions of the control file (default 0644, so that a trainer running as another "
+                        "user can read it; it holds requests, never the token)")
     from .collectors import load_all
 
     for name, cls in sorted(load_all().items()):

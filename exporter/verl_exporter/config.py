@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
+from .control import parse_file_mode
 from .server import parse_listen
 from .sources.verl_file import DEFAULT_MAX_LINE_BYTES, DEFAULT_POLL_S, DEFAULT_RECOVER_BYTES
 from .spec import LABEL_NAME_RE, RESERVED_LABELS
@@ -62,6 +63,7 @@ class ServeConfig:
     control_token_env: str | None = None
     control_token_file: str | None = None
     control_file: str | None = None
+    control_file_mode: str = "0644"  # octal; readable by a trainer under another uid
 
     def const_labels(self, target_labels: tuple[str, ...] = ("run", "rank")) -> dict[str, str]:
         """Labels put on every series: run and rank when set, then the user's --label pairs."""
@@ -174,6 +176,14 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
     if (merged.get("control_token_env") or merged.get("control_token_file")) and not (
             merged.get("control_file") or merged.get("checkpoint_dir")):
         problems.append("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
+    mode = merged.get("control_file_mode")
+    if mode is not None:
+        # YAML reads an unquoted 0640 as the integer 416: take it as the octal number it was written as
+        merged["control_file_mode"] = mode = format(mode, "04o") if isinstance(mode, int) else str(mode)
+        try:
+            parse_file_mode(mode)
+        except ValueError as e:
+            problems.append(f"control_file_mode: {e}")
     for key in ("run", "verl_log", "checkpoint_dir", "spec", "control_token_env", "control_token_file",
                 "control_file", "file_sd", "advertise"):
         if merged.get(key) is not None:

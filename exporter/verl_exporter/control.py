@@ -10,10 +10,16 @@ request in a small JSON control file. The training process reads that file at it
 
 A reader ignores requests older than its own start, so a file left by a previous run never stops a new
 one. A stop request is idempotent: asking again changes nothing. Every request is counted and logged.
+
+The sidecar and the trainer often run as different users (the container image runs as uid 10001), so the
+file is written world-readable by default (``--control-file-mode``, 0644): it holds no secret, only requests,
+and only the token holder can make the sidecar write it. A trainer that cannot read it logs why, counts it,
+and tries again at every step, so a fixed permission still delivers the request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -28,6 +34,18 @@ log = logging.getLogger("verl_exporter")
 ACTIONS = ("checkpoint", "stop")
 MAX_BODY = 4096
 CONTROL_FILE_NAME = ".verl-exporter-control.json"
+DEFAULT_FILE_MODE = 0o644  # readable by a trainer running under another uid; see the module docstring
+
+
+def parse_file_mode(text: str | int) -> int:
+    """An octal permission like "0640" or "640" (the sidecar must be able to write the file: u+w)."""
+    try:
+        mode = text if isinstance(text, int) else int(str(text), 8)
+    except ValueError:
+        raise ValueError(f"not an octal file mode: {text!r} (for example 0644)") from None
+    if not 0 <= mode <= 0o777 or not mode & 0o600 == 0o600:
+        raise ValueError(f"file mode {text!r} must be within 0777 and let the owner read and write (0600)")
+    return mode
 
 
 def default_control_file(checkpoint_dir: str | None) -> str | None:
@@ -55,8 +73,9 @@ def read_token(env: str | None = None, file: str | None = None) -> str | None:
 class ControlState:
     """The writer side: applies requests to the control file, atomically (write a temp file, rename)."""
 
-    def __init__(self, path: str, clock=time.time):
+    def __init__(self, path: str, clock=time.time, mode: int = DEFAULT_FILE_MODE):
         self.path = Path(path)
+        self.mode = mode
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -92,6 +111,7 @@ class ControlState:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".control-", dir=str(self.path.parent))
         try:
+            os.fchmod(fd, self.mode)  # mkstemp makes it 0600: unreadable to a trainer under another uid
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(state, f, sort_keys=True)
             os.replace(tmp, self.path)
@@ -101,28 +121,48 @@ class ControlState:
 
 
 class ControlReader:
-    """The training side: cheap to ask every step (a stat, a read only when the file changed)."""
+    """The training side: cheap to ask every step (a stat, a read only when the file changed).
 
-    def __init__(self, path: str, clock=time.time):
+    A file it cannot read (permissions, a broken mount) is counted in ``read_failures``, logged (the first
+    time with what to do, later ones at most every ten minutes) and retried at the next poll; ``on_error``,
+    when given, is called with the message (the Monitor counts it in its self-metrics).
+    """
+
+    LOG_EVERY_S = 600.0
+
+    def __init__(self, path: str, clock=time.time, on_error=None):
         self.path = Path(path)
+        self._clock = clock
         self._started = clock()
-        self._mtime: float | None = None
+        self._seen_file: tuple | None = None
         self._seen_seq: int | None = None
         self._pending_checkpoints = 0
         self._stop = False
         self.reason = ""
+        self.read_failures = 0
+        self._on_error = on_error
+        self._last_logged: float | None = None
 
     def poll(self) -> None:
         try:
-            mtime = self.path.stat().st_mtime
-        except OSError:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return  # no request yet
+        except OSError as e:
+            self._failed(e)
             return
-        if mtime == self._mtime:
+        # Every write is a new file renamed into place: a new inode even when two writes share an mtime tick
+        # (coarse timestamps on NFS), so no request is missed.
+        signature = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if signature == self._seen_file:
             return
-        self._mtime = mtime
         try:
             doc = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
+            self._failed(e)  # not remembered as seen: the next poll reads it again
+            return
+        self._seen_file = signature
+        if not isinstance(doc, dict):
             return
         seq = int(doc.get("checkpoint_seq", 0) or 0)
         if self._seen_seq is None:
@@ -136,6 +176,22 @@ class ControlReader:
         if doc.get("stop") and float(doc.get("stop_time", 0) or 0) >= self._started and not self._stop:
             self._stop = True
             self.reason = str(doc.get("reason", ""))
+
+    def _failed(self, error: Exception) -> None:
+        self.read_failures += 1
+        if isinstance(error, PermissionError):
+            why = ("permission denied: the sidecar writes it as another user; give the trainer read access "
+                   "(--control-file-mode, a shared group, or a control directory both can use)")
+        else:
+            why = getattr(error, "strerror", None) or type(error).__name__
+        message = f"cannot read the control file {self.path}: {why}; checkpoint/stop requests are not seen"
+        now = self._clock()
+        if self._last_logged is None or now - self._last_logged >= self.LOG_EVERY_S:
+            self._last_logged = now
+            log.warning("verl-exporter: %s (%d failed reads so far)", message, self.read_failures)
+        if self._on_error is not None:
+            with contextlib.suppress(Exception):  # a counter must never break the trainer's step
+                self._on_error(message)
 
     def take_checkpoint_request(self) -> bool:
         """True once per checkpoint request (edge-triggered)."""

@@ -22,7 +22,8 @@ from .server import parse_listen
 
 # Flags (and whether they take a value) that only local rank 0 gets.
 RANK0_ONLY = {"--verl-log": True, "--checkpoint-dir": True, "--checkpoint-verify": False,
-              "--control-token-env": True, "--control-token-file": True, "--control-file": True}
+              "--control-token-env": True, "--control-token-file": True, "--control-file": True,
+              "--control-file-mode": True}
 MAX_BACKOFF_S = 60.0
 
 

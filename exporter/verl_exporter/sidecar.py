@@ -12,7 +12,7 @@ from prometheus_client.process_collector import ProcessCollector
 from .collectors import Context
 from .collectors.sampler import Sampler, build_collectors
 from .config import ServeConfig
-from .control import ControlState, default_control_file, make_control_app, read_token
+from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
 from .file_sd import FileSdRegistration, advertise_host
 from .selfmetrics import SelfMetrics
 from .server import HttpServer, SafeCollector, health_handler, make_app
@@ -55,7 +55,7 @@ class Sidecar:
             path = control_file or config.control_file or default_control_file(config.checkpoint_dir)
             if not path:
                 raise ValueError("the control endpoint needs a control file (or a checkpoint directory)")
-            self.control = ControlState(path)
+            self.control = ControlState(path, mode=parse_file_mode(config.control_file_mode))
             self.self_metrics.inc("verl_exporter_control_requests_total", 0, action="checkpoint", result="accepted")
 
     def context(self) -> Context:

@@ -20,10 +20,13 @@ its manifest before you resume from it or copy it away.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import time
 
 from .checkpoint_manifest import write_manifest
+from .control import default_control_file
 
 log = logging.getLogger("verl_exporter")
 
@@ -75,54 +78,97 @@ class ManifestCheckpointCallback(_CallbackBase):
 
 # ---------------------------------------------------------------------------- step-boundary control
 class _StopAtBoundary(Exception):
-    """Raised from the per-step log call to leave verl's fit() loop right after a step."""
+    """Raised from the per-step log call to leave the legacy RayPPOTrainer.fit() loop right after a step."""
 
 
 class StepControl:
     """Acts on control requests (verl-exporter's /control endpoint) at verl's step boundaries.
 
-    verl's fit() calls its tracker's ``log()`` once per step, after the step's update and weight sync: the
-    boundary where a checkpoint is consistent. At that call a pending checkpoint request saves one
-    (``trainer._save_checkpoint()``); a stop request saves one and leaves fit() cleanly, so verl's entry
-    point returns normally instead of the job being killed.
+    At a boundary, a pending checkpoint request saves one with the trainer's own ``_save_checkpoint()``
+    (unless verl has just saved this step itself); a stop request saves one and tells the caller to leave the
+    loop. Reading the control file costs one stat per step.
     """
 
     def __init__(self, control_file: str):
         from .control import ControlReader
 
         self.reader = ControlReader(control_file)
-        self.saved_steps: list[int] = []
+        self.saved_steps: list[int] = []  # the saves made for requests
+        self.last_saved_step: int | None = None  # the last save of any kind (verl's save_freq ones too)
         self.stopped_at: int | None = None
 
-    def after_step(self, trainer) -> None:
-        """Called at a step boundary; may save a checkpoint and raise _StopAtBoundary. Never raises else."""
+    def after_step(self, trainer) -> bool:
+        """Called at a step boundary: may save a checkpoint; True when the run must stop. Never raises."""
         try:
             self.reader.poll()
             checkpoint = self.reader.take_checkpoint_request()
             stop = self.reader.stop_requested
         except Exception as e:
             log.warning("verl-exporter: cannot read the control file: %r", e)
-            return
-        if not (checkpoint or stop):
-            return
+            return False
+        if not (checkpoint or stop) or self.stopped_at is not None:
+            return self.stopped_at is not None
         step = getattr(trainer, "global_steps", None)
         reason = self.reader.reason or "control request"
-        try:
-            log.warning("verl-exporter: saving a checkpoint at step %s (%s)", step, reason)
-            trainer._save_checkpoint()
-            self.saved_steps.append(step)
-        except Exception as e:  # a failed save must not also lose the run
-            log.error("verl-exporter: the requested checkpoint at step %s failed: %r", step, e)
+        if step is not None and step == self.last_saved_step:
+            log.warning("verl-exporter: step %s is already saved (%s)", step, reason)
+        else:
+            try:
+                log.warning("verl-exporter: saving a checkpoint at step %s (%s)", step, reason)
+                trainer._save_checkpoint()
+                self.saved_steps.append(step)
+                self.last_saved_step = step
+            except Exception as e:  # a failed save must not also lose the run
+                log.error("verl-exporter: the requested checkpoint at step %s failed: %r", step, e)
         if stop:
             self.stopped_at = step
-            log.warning("verl-exporter: stopping at step %s (%s)", step, reason)
-            raise _StopAtBoundary(reason)
+            log.warning("verl-exporter: stopping after step %s (%s)", step, reason)
+        return bool(stop)
+
+
+def install_v1_step_control(trainer_base) -> None:
+    """Make verl's v1 loop (``verl.trainer.ppo.v1.trainer_base.PPOTrainer.fit``) act on control requests.
+
+    Every v1 trainer mode inherits the base class's fit(), which calls ``self.on_step_end()`` once per step
+    after the update, verl's own save and the weight sync: a consistent boundary. During fit() the trainer's
+    on_step_end is followed by its checkpoint callback's StepControl. A stop ends the loop through verl's own
+    exit path: the step's validation and metrics are still logged, then the loop condition
+    (``global_steps <= total_training_steps``) fails, so on_train_end() and the dump executor's shutdown run
+    and fit() returns normally. Idempotent; a trainer without a ControlledCheckpointCallback is untouched.
+    """
+    if getattr(trainer_base.fit, "_verl_exporter_wrapped", False):
+        return
+    original_fit = trainer_base.fit
+
+    @functools.wraps(original_fit)
+    def fit(self, *args, **kwargs):
+        control = getattr(getattr(self, "checkpoint_callback", None), "control", None)
+        if not isinstance(control, StepControl):
+            return original_fit(self, *args, **kwargs)
+        step_end = self.on_step_end  # the subclass's own hook (weight sync and so on) runs first
+
+        def on_step_end():
+            step_end()
+            if control.after_step(self):
+                self.total_training_steps = self.global_steps  # this step is the last one
+
+        self.on_step_end = on_step_end
+        try:
+            return original_fit(self, *args, **kwargs)
+        finally:
+            del self.on_step_end
+
+    fit._verl_exporter_wrapped = True
+    trainer_base.fit = fit
 
 
 def install_step_control(trainer_cls, control_file: str) -> StepControl:
-    """Wrap ``trainer_cls.fit`` so that verl's per-step ``Tracking.log`` call runs StepControl.after_step.
+    """Legacy loop (``trainer.use_v1=false``): wrap ``trainer_cls.fit`` so that verl's per-step
+    ``Tracking.log`` call runs StepControl.after_step, and a stop leaves fit() by an exception caught here.
 
-    Idempotent per class. Trainers that override fit() need to call ``control.after_step(self)`` themselves.
+    verl 0.9.1 never builds the checkpoint callback in its legacy RayPPOTrainer, so nothing calls this for
+    you there: call it in your own entry point before ``trainer.fit()``. Idempotent per class. Trainers that
+    override fit() call ``control.after_step(self)`` themselves.
     """
     from verl.utils import tracking
 
@@ -139,7 +185,8 @@ def install_step_control(trainer_cls, control_file: str) -> StepControl:
 
         def log_then_control(tracker, data, step, backend=None):
             original_log(tracker, data=data, step=step, backend=backend)
-            active.after_step(self)
+            if active.after_step(self):
+                raise _StopAtBoundary(active.reader.reason)
 
         tracking.Tracking.log = log_then_control
         try:
@@ -159,12 +206,13 @@ def install_step_control(trainer_cls, control_file: str) -> StepControl:
 
 
 class ControlledCheckpointCallback(ManifestCheckpointCallback):
-    """ManifestCheckpointCallback plus step-boundary control of verl's RayPPOTrainer.
+    """ManifestCheckpointCallback plus step-boundary control of verl's v1 trainer (verl 0.9.1's default).
 
         trainer.checkpoint_callback_class=verl_exporter.verl_callback.ControlledCheckpointCallback
 
-    verl builds the callback inside the process that runs fit(), which is where the hook must live. The
-    control file is the sidecar's default, ``<trainer.default_local_dir>/.verl-exporter-control.json``, or
+    verl's v1 PPOTrainer builds the callback in its __init__, inside the process that runs fit(): the hook
+    goes there (see install_v1_step_control), for every ``trainer.v1.trainer_mode``. The control file is the
+    sidecar's default, ``<trainer.default_local_dir>/.verl-exporter-control.json``, or
     $VERL_EXPORTER_CONTROL_FILE.
     """
 
@@ -172,18 +220,25 @@ class ControlledCheckpointCallback(ManifestCheckpointCallback):
         super().__init__(config=config)
         self.control: StepControl | None = None
         try:
-            import os
-
-            from .control import default_control_file
-
             path = os.environ.get("VERL_EXPORTER_CONTROL_FILE") or default_control_file(
                 _get(config, "trainer", "default_local_dir"))
-            if path:
-                from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+            if not path:
+                log.warning("verl-exporter: step control is off: no trainer.default_local_dir and no "
+                            "$VERL_EXPORTER_CONTROL_FILE")
+                return
+            from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-                self.control = install_step_control(RayPPOTrainer, path)
+            install_v1_step_control(PPOTrainer)
+            self.control = StepControl(path)
+            log.info("verl-exporter: step control reads %s", path)
         except Exception as e:  # never break the trainer's construction
             log.warning("verl-exporter: step control is off: %r", e)
+
+    def on_save(self, trainer, global_step: int, checkpoint_dir: str, async_save: bool = False,
+                **kwargs) -> None:
+        if self.control is not None:
+            self.control.last_saved_step = global_step  # a stop right after verl's own save needs no second one
+        super().on_save(trainer, global_step, checkpoint_dir, async_save=async_save, **kwargs)
 
 
 def _get(config, *keys):

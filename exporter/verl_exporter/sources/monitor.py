@@ -88,7 +88,7 @@ class Monitor:
             import tempfile
 
             control_file = os.path.join(tempfile.mkdtemp(prefix="verl-exporter-control-"), "control.json")
-        self._control = ControlReader(control_file) if control_file else None
+        self._control = ControlReader(control_file, on_error=self._control_unreadable) if control_file else None
         if listen is not None:
             from ..collectors import load_all
             from ..sidecar import Sidecar
@@ -162,6 +162,10 @@ class Monitor:
             except Exception as e:
                 if self._sidecar:
                     self._self.problem(COMPONENT, "on_control", f"on_control callback failed: {e!r}")
+
+    def _control_unreadable(self, message: str) -> None:
+        if self._sidecar:
+            self._self.problem(COMPONENT, "control_read", message)
 
     def _poll_control(self) -> None:
         if self._control is None:
