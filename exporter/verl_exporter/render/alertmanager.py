@@ -21,10 +21,23 @@ def teams(spec: Spec) -> list[str]:
     return sorted({a.labels["team"] for a in spec.alerts() if "team" in a.labels})
 
 
+def severities_of(spec: Spec, team: str | None) -> list[str]:
+    """The severities the pack's alerts of a team (None: alerts without one) have, in SEVERITIES order.
+
+    Only these get a route: a route no alert can reach is noise for whoever reads the config, and a sign
+    that something was renamed without the other side.
+    """
+    present = {a.severity for a in spec.alerts() if a.labels.get("team") == team}
+    return [s for s in SEVERITIES if s in present]
+
+
 def inhibit_rules(spec: Spec) -> list[dict]:
-    """A root-cause alert silences the symptom alerts it explains, on the same run."""
-    out = [{"source": ['severity="critical"'], "target": ['severity="warning"'],
-            "equal": ["alertname", "job", "run"]}]
+    """A root-cause alert silences the symptom alerts it explains, on the same run.
+
+    No blanket "critical silences warning of the same alertname": no alert of the pack exists at two
+    severities, so such a rule could never fire.
+    """
+    out = []
     for alert in spec.alerts():
         if alert.inhibits:
             targets = "|".join(sorted(alert.inhibits))
@@ -35,9 +48,19 @@ def inhibit_rules(spec: Spec) -> list[dict]:
 
 def render_alertmanager(spec: Spec) -> dict[str, str]:
     relay_url = spec.rules.relay_url.rstrip("/")
-    team_routes = [{"team": t, "receivers": {s: f"{t}-{s}" for s in SEVERITIES}} for t in teams(spec)]
-    receivers = [f"{DEFAULT_TEAM}-{s}" for s in SEVERITIES]
+    team_routes = []
+    for t in teams(spec):
+        severities = severities_of(spec, t)
+        # the parent's receiver only takes an alert of the team that no child matches (none of the pack's)
+        fallback = "warning" if "warning" in severities else severities[0]
+        team_routes.append({"team": t, "severities": severities, "receiver": f"{t}-{fallback}",
+                            "receivers": {s: f"{t}-{s}" for s in severities}})
+    default_severities = severities_of(spec, None)
+    root = f"{DEFAULT_TEAM}-warning"  # takes alerts from outside the pack that no route matches
+    receivers = [root] + [f"{DEFAULT_TEAM}-{s}" for s in default_severities]
     receivers += [r for t in team_routes for r in t["receivers"].values()]
+    receivers = list(dict.fromkeys(receivers))
     return {"alertmanager/alertmanager.yml": render(
-        "alertmanager.yml.j2", severities=SEVERITIES, repeat=REPEAT, default_team=DEFAULT_TEAM,
-        team_routes=team_routes, receivers=receivers, inhibit_rules=inhibit_rules(spec), relay_url=relay_url)}
+        "alertmanager.yml.j2", repeat=REPEAT, default_team=DEFAULT_TEAM, root_receiver=root,
+        default_severities=default_severities, team_routes=team_routes, receivers=receivers,
+        inhibit_rules=inhibit_rules(spec), relay_url=relay_url)}
