@@ -7,7 +7,8 @@ add around that, and what this handles:
 - one ``- key:value`` per line after a bare ``step:N`` (newer verl with a pretty console);
 - values as numpy reprs (``np.float64(0.1)``), ``nan``/``inf`` (written as null, like verl's orjson);
 - carriage returns from progress bars, and notebooks (.ipynb: their cells' outputs are read);
-- several runs in one file (a step that does not go up starts a new run): pick one with ``--run``.
+- several runs in one file (a step that does not go up starts a new run): pick one with ``--run``;
+- lines cut short (wandb's output.log keeps 4096 characters of a line): the cut-off last value is dropped.
 
 Unknown keys are kept as they are: nothing a run logged is dropped.
 """
@@ -29,6 +30,8 @@ CONTINUATION = re.compile(r"^\s*-\s+(\S.*)$")
 SEPARATOR = re.compile(r"\s+-\s+")
 PAIR = re.compile(r"^([^\s:]+):(\S+)$")
 WRAPPED = re.compile(r"^(?:(?:np|numpy)\.\w+|tensor)\(([^()]+)\)$")  # np.float64(0.1), np.int64(3), tensor(0.1)
+UNCLOSED = re.compile(r"^(?:(?:np|numpy)\.\w*|tensor)\([^)]*$")  # np.float64(-0.22  <- the line ended here
+CUT_LINE_CHARS = 4096  # wandb's console capture keeps this much of a line
 NON_FINITE = {"nan", "-nan", "inf", "+inf", "-inf", "infinity", "-infinity"}
 
 
@@ -64,31 +67,36 @@ def _pairs(body: str) -> Iterable[tuple[str, str]]:
             yield match.group(1), match.group(2)
 
 
-def clean_lines(text: str) -> Iterable[str]:
-    """The log's lines without colours, carriage-return overwrites and Ray prefixes."""
+def clean_lines(text: str) -> Iterable[tuple[str, bool]]:
+    """The log's lines without colours, carriage-return overwrites and Ray prefixes, each with whether it
+    was cut at wandb's line limit."""
     for raw in ANSI.sub("", text).replace("\r", "\n").split("\n"):
-        yield RAY_PREFIX.sub("", raw)
+        yield RAY_PREFIX.sub("", raw), len(raw) == CUT_LINE_CHARS
 
 
-def parse_records(text: str) -> list[tuple[int, dict]]:
-    """Every step record in the order printed: (step, data)."""
+def parse_records(text: str, dropped: list[str] | None = None) -> list[tuple[int, dict]]:
+    """Every step record in the order printed: (step, data). Cut-off values go to ``dropped``."""
     records: list[tuple[int, dict]] = []
     current: dict | None = None
-    for line in clean_lines(text):
+    for line, cut in clean_lines(text):
         step = STEP.match(line)
+        more = CONTINUATION.match(line) if current is not None and not step else None
+        pairs = list(_pairs(step.group(2) if step else more.group(1) if more else ""))
+        ours = bool(step or pairs)
+        if pairs and (cut or UNCLOSED.match(pairs[-1][1])):
+            # The line ended inside its last value: its digits may be missing, so it is not kept.
+            if dropped is not None:
+                dropped.append(pairs[-1][0])
+            pairs.pop()
         if step:
             current = {}
             records.append((int(step.group(1)), current))
-            for key, value in _pairs(step.group(2)):
-                current[key] = value_of(value)
+        elif not ours:
+            if line.strip():
+                current = None  # any other output ends a one-key-per-line record
             continue
-        more = CONTINUATION.match(line) if current is not None else None
-        pairs = list(_pairs(more.group(1))) if more else []
-        if pairs:
-            for key, value in pairs:
-                current[key] = value_of(value)
-        elif line.strip():
-            current = None  # any other output ends a one-key-per-line record
+        for key, value in pairs:
+            current[key] = value_of(value)
     return records
 
 
@@ -131,9 +139,9 @@ def describe(runs: list[list[tuple[int, dict]]]) -> str:
     return "; ".join(f"run {i}: steps {r[0][0]}-{r[-1][0]} ({len(r)} lines)" for i, r in enumerate(runs, 1))
 
 
-def convert(text: str, run: int | None = None) -> list[tuple[int, dict]]:
+def convert(text: str, run: int | None = None, dropped: list[str] | None = None) -> list[tuple[int, dict]]:
     """The step records of one run. Raises ConsoleLogError with what the file holds when it cannot choose."""
-    runs = split_runs(parse_records(text))
+    runs = split_runs(parse_records(text, dropped))
     if not runs:
         raise ConsoleLogError("no verl step lines (step:N - key:value ...) found")
     if run is None:
@@ -178,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = split_runs(parse_records(text))
             print(describe(runs) if runs else "no verl step lines found")
             return 0
-        records = convert(text, args.run)
+        dropped: list[str] = []
+        records = convert(text, args.run, dropped)
     except (OSError, ConsoleLogError) as e:
         print(f"error: {args.log}: {e}", file=sys.stderr)
         return 1
@@ -188,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"error: {args.log}: no steps left in the range asked for", file=sys.stderr)
         return 1
+    if dropped:
+        print(f"note: {args.log}: dropped {len(dropped)} cut-off value(s) at the end of cut lines", file=sys.stderr)
     out = to_jsonl(records)
     try:
         write(args.output, out)

@@ -151,3 +151,29 @@ def test_every_printed_pair_survives_the_round_trip(tmp_path):
     rc, records = run(tmp_path, text)
     assert rc == 0
     assert set(records[0]["data"]) == set(pairs)
+
+
+def test_a_value_cut_off_with_its_line_is_dropped_not_kept_as_text(tmp_path, capsys):
+    # wandb's output.log cuts console lines at 4096 characters: the last value is then a cut-off repr.
+    head = "step:20 - critic/score/mean:-0.5 - val-aux/aime/score/mean:np.float64(-0.22"
+    rc, records = run(tmp_path, head + "\nstep:21 - critic/score/mean:-0.4 - a/b:np.float64(0.5)\n")
+    assert rc == 0
+    assert records[0]["data"] == {"critic/score/mean": -0.5}
+    assert records[1]["data"] == {"critic/score/mean": -0.4, "a/b": 0.5}
+    assert "1 cut-off value" in capsys.readouterr().err
+
+
+def test_the_last_number_of_a_line_cut_at_4096_characters_is_dropped(tmp_path):
+    # A plain number at the cut may have lost digits (0.0392999 of 0.039299999999...): not to be trusted.
+    body = "step:30 - critic/score/mean:-0.5 - " + " - ".join(f"val-aux/k{i}/mean:0.25" for i in range(200))
+    tail = " - x/y:0.0393"
+    line = body[:4096 - len(tail)] + tail
+    assert len(line) == 4096
+    rc, records = run(tmp_path, line + "\n")
+    assert rc == 0
+    assert "x/y" not in records[0]["data"] and records[0]["data"]["critic/score/mean"] == -0.5
+
+
+def test_a_cut_off_value_on_a_one_key_per_line_record_does_not_end_the_record(tmp_path):
+    rc, records = run(tmp_path, "step:1\n - a/b:np.float64(0.3\n - c/d:2\n")
+    assert rc == 0 and records == [{"step": 1, "data": {"c/d": 2}}]
