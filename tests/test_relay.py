@@ -367,6 +367,22 @@ def test_bad_input_gets_the_right_4xx_and_the_relay_keeps_serving(robots, start_
     assert "alerts[0].status is missing" in caplog.text  # 4xx are logged with the reason
 
 
+def test_deeply_nested_json_gets_400_counted_with_its_reason(robots, start_relay):
+    dt, wc = robots
+    relay = start_relay(relay_doc(dt, wc, max_body_bytes=4 * 1024 * 1024))
+    deep = b'{"version": "4", "alerts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    code, answer = post(relay, "verl-warning", deep)
+    assert code == 400 and "nested too deeply" in json.dumps(answer), answer
+    huge_int = b'{"version": ' + b"9" * 5000 + b"}"  # over Python's integer digit limit: a ValueError
+    code, answer = post(relay, "verl-warning", huge_int)
+    assert code == 400 and "not JSON" in json.dumps(answer), answer
+    m = metrics(relay)
+    assert sample(m, "verl_relay_rejected_payloads_total", reason="too_deep") == 1
+    assert sample(m, "verl_relay_rejected_payloads_total", reason="not_json") == 1
+    assert sample(m, "verl_relay_requests_total", receiver="verl-warning", code="400") == 2
+    assert post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning")]))[0] == 200
+
+
 def test_unrouted_alerts_are_accepted_and_counted(robots, start_relay):
     dt, wc = robots
     relay = start_relay(relay_doc(dt, wc))
