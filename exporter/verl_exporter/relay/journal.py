@@ -96,6 +96,7 @@ class Journal:
         self._lines = 0
         self._failing = False
         self._torn = False
+        self._closed = False  # after shutdown: a send still stuck in flight must not write any more
 
     # ---- start
     def recover(self) -> tuple[list[Entry], dict[str, list[float]]]:
@@ -170,9 +171,9 @@ class Journal:
             for n in ids:
                 self._live.pop(n, None)
             self._append(json.dumps({"done": ids}) + "\n")
-            if not self._live and self._lines > COMPACT_LINES:
+            if self._lines > COMPACT_LINES and 4 * len(self._live) < self._lines:  # mostly settled lines
                 try:
-                    self._write_compact([])
+                    self._write_compact(list(self._live.values()))
                 except OSError as e:
                     self._error("write", f"cannot compact {self.path.name}: {e.strerror}")
 
@@ -203,6 +204,7 @@ class Journal:
             except OSError as e:
                 self._error("write", f"cannot compact {self.path.name} at shutdown: {e.strerror}")
             self._close()
+            self._closed = True
 
     # ---- internals (under the lock)
     def _add_line(self, target: str, receiver: str, alert: dict) -> tuple[int, str]:
@@ -226,7 +228,10 @@ class Journal:
         self._lines, self._torn = len(lines), False
 
     def _append(self, line: str) -> bool:
+        if self._closed:
+            return False
         if self._fd is None:
+            self._error("write", f"{self.path.name} is not open: accepted alerts are not kept across a crash")
             return False
         try:
             data = (b"\n" if self._torn else b"") + line.encode("utf-8")
