@@ -22,6 +22,7 @@ from conftest import REPO, free_port, http_get, parse_metrics, require_tool, sam
 from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import RelayConfigError, Secret, load_config, parse_config
+from verl_exporter.relay.journal import check_spool_dir
 from verl_exporter.relay.payload import parse_payload
 from verl_exporter.spec import load_spec
 
@@ -543,6 +544,8 @@ def test_a_spool_dir_that_is_a_file_fails_the_config_check(robots, tmp_path):
     (tmp_path / "spool").write_text("")
     with pytest.raises(RelayConfigError, match="spool_dir .* is not a directory"):
         parse_config(relay_doc(dt, wc, spool_dir=str(tmp_path / "spool")), environ=ENV)
+    assert "is not a directory" in check_spool_dir(tmp_path / "spool" / "below")  # what --check-config adds
+    assert check_spool_dir(tmp_path / "new" / "spool") is None
 
 
 def metrics_of(relay) -> dict:

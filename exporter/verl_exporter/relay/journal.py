@@ -109,7 +109,7 @@ class Journal:
         except FileNotFoundError:
             lines = []
         except (OSError, UnicodeDecodeError) as e:
-            self._error("read", f"cannot read {self.path.name} ({e}); its alerts are lost")
+            self._error("read", f"cannot read {self.path.name} ({e})")
             lines = []
         bad = 0
         for line in lines:
