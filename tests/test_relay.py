@@ -22,6 +22,7 @@ from conftest import REPO, free_port, http_get, parse_metrics, require_tool, sam
 from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import RelayConfigError, Secret, load_config, parse_config
+from verl_exporter.relay.journal import check_spool_dir
 from verl_exporter.relay.payload import parse_payload
 from verl_exporter.spec import load_spec
 
@@ -367,6 +368,22 @@ def test_bad_input_gets_the_right_4xx_and_the_relay_keeps_serving(robots, start_
     assert "alerts[0].status is missing" in caplog.text  # 4xx are logged with the reason
 
 
+def test_deeply_nested_json_gets_400_counted_with_its_reason(robots, start_relay):
+    dt, wc = robots
+    relay = start_relay(relay_doc(dt, wc, max_body_bytes=4 * 1024 * 1024))
+    deep = b'{"version": "4", "alerts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    code, answer = post(relay, "verl-warning", deep)
+    assert code == 400 and "nested too deeply" in json.dumps(answer), answer
+    huge_int = b'{"version": ' + b"9" * 5000 + b"}"  # over Python's integer digit limit: a ValueError
+    code, answer = post(relay, "verl-warning", huge_int)
+    assert code == 400 and "not JSON" in json.dumps(answer), answer
+    m = metrics(relay)
+    assert sample(m, "verl_relay_rejected_payloads_total", reason="too_deep") == 1
+    assert sample(m, "verl_relay_rejected_payloads_total", reason="not_json") == 1
+    assert sample(m, "verl_relay_requests_total", receiver="verl-warning", code="400") == 2
+    assert post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning")]))[0] == 200
+
+
 def test_unrouted_alerts_are_accepted_and_counted(robots, start_relay):
     dt, wc = robots
     relay = start_relay(relay_doc(dt, wc))
@@ -428,6 +445,107 @@ def test_shutdown_spools_what_is_left_and_the_next_start_resends_it(robots, star
     wait_metric(again, "verl_relay_alerts_total", 3, target="dingtalk", result="delivered")
     assert sorted(re.findall(r"node(\d{4}):9477", texts(dt)[0])) == ["0000", "0001", "0002"]
     assert not list((tmp_path / "spool").glob("relay-spool-*"))
+
+
+def crash(relay) -> None:
+    """Stop a relay the way kill -9 does: no drain, no spool, nothing written at exit."""
+    relay._stopped.set()
+    for w in relay.dispatcher.workers.values():
+        w.stop_now()
+    relay._server.stop()
+
+
+def test_a_relay_killed_after_loading_the_spool_loses_nothing(robots, start_relay, tmp_path):
+    dt, wc = robots
+    dt.fail_next(100000, "500")
+    doc = relay_doc(dt, wc, spool_dir=str(tmp_path / "spool"))
+    first = start_relay(doc)
+    assert post(first, "verl-warning", webhook("verl-warning", [am_alert(severity="warning", i=i)
+                                                                for i in range(3)]))[0] == 200
+    assert first.stop(drain_seconds=0.2) == {"dingtalk": 3}
+    second = start_relay(doc)  # loads the spool; the robot still fails
+    wait_for(lambda: dt.arrived >= 3, timeout=5)
+    crash(second)
+    dt.heal()
+    third = start_relay(doc)
+    wait_metric(third, "verl_relay_alerts_total", 3, target="dingtalk", result="delivered")
+    assert sorted(re.findall(r"node(\d{4}):9477", " ".join(texts(dt)))) == ["0000", "0001", "0002"]
+    third.stop(drain_seconds=1)
+    assert not list((tmp_path / "spool").glob("relay-spool-*")) and not list((tmp_path / "spool").glob("*.tmp"))
+
+
+def test_alerts_accepted_before_a_kill_are_sent_by_the_next_start(robots, start_relay, tmp_path):
+    dt, wc = robots
+    dt.fail_next(100000, "500")
+    doc = relay_doc(dt, wc, spool_dir=str(tmp_path / "spool"))
+    first = start_relay(doc)
+    assert post(first, "verl-warning", webhook("verl-warning", [am_alert(severity="warning", i=7)]))[0] == 200
+    crash(first)
+    dt.heal()
+    again = start_relay(doc)
+    wait_metric(again, "verl_relay_alerts_total", 1, target="dingtalk", result="delivered")
+    assert "node0007" in texts(dt)[0]
+
+
+def test_the_rate_limit_holds_across_a_restart(start_relay, tmp_path):
+    minute = 4.0
+    dt = FakeDingTalk(TOKEN, SECRET, window=minute).start()
+    wc = FakeWeCom(WKEY, window=minute).start()
+    try:
+        doc = relay_doc(dt, wc, spool_dir=str(tmp_path / "spool"), delivery={"rate_window_seconds": minute})
+        for run, count in enumerate((15, 10)):
+            relay = start_relay(doc)
+            worker = relay.dispatcher.workers["dingtalk"]
+            for i in range(count):  # one message each while the rate allows
+                post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning", i=run * 100 + i)]))
+                wait_for(lambda w=worker: not w.state()[0], timeout=3 * minute)
+            relay.stop(drain_seconds=3 * minute)
+        assert dt.rate_rejections == 0, dt.errcodes()
+        times = dt.accepted_times
+        assert len(times) > 20 and all(b - a >= minute * 0.999 for a, b in zip(times, times[20:], strict=False))
+        assert sum(len(re.findall(r"node\d{4}:9477", t)) for t in texts(dt)) == 25
+    finally:
+        dt.stop()
+        wc.stop()
+
+
+def test_spool_files_are_private_and_a_full_disk_leaves_no_temporary_file(robots, start_relay, tmp_path,
+                                                                         monkeypatch):
+    dt, wc = robots
+    dt.fail_next(100000, "500")
+    doc = relay_doc(dt, wc, spool_dir=str(tmp_path / "spool"))
+    relay = start_relay(doc)
+    post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning")]))
+    assert relay.stop(drain_seconds=0.2) == {"dingtalk": 1}
+    files = list((tmp_path / "spool").iterdir())
+    assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files), files
+
+    relay = start_relay(doc)
+    post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning", i=1)]))
+    real_write = os.write
+
+    def full_disk(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    relay.stop(drain_seconds=0.2)
+    monkeypatch.undo()
+    assert not list((tmp_path / "spool").glob("*.tmp"))
+    assert sample(metrics_of(relay), "verl_relay_spool_errors_total", operation="write") >= 1
+    dt.heal()
+    again = start_relay(doc)  # the journal kept both alerts
+    wait_metric(again, "verl_relay_alerts_total", 2, target="dingtalk", result="delivered")
+
+
+def test_a_spool_dir_that_is_a_file_fails_the_config_check(robots, tmp_path):
+    dt, wc = robots
+    (tmp_path / "spool").write_text("")
+    with pytest.raises(RelayConfigError, match="spool_dir .* is not a directory"):
+        parse_config(relay_doc(dt, wc, spool_dir=str(tmp_path / "spool")), environ=ENV)
+    assert "is not a directory" in check_spool_dir(tmp_path / "spool" / "below")  # what --check-config adds
+    assert check_spool_dir(tmp_path / "new" / "spool") is None
 
 
 def metrics_of(relay) -> dict:

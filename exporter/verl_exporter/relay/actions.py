@@ -10,7 +10,9 @@ or stop the run (see ``verl_exporter/control.py``).
 
 Off unless configured. Only firing alerts trigger; each call is logged and counted in
 verl_relay_actions_total{action,result}; the token is a Secret and never logged. Calls run on their own
-thread with a few retries, so a slow or absent trainer never holds up alert delivery.
+thread with a few retries, so a slow or absent trainer never holds up alert delivery. Redirects are never
+followed (the token would go to another address), and only an answer that says whether the request was
+applied counts as done.
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from dataclasses import dataclass
+
+from .nofollow import OPENER
 
 log = logging.getLogger("verl_exporter.relay")
 
 ACTIONS = ("checkpoint", "stop")
 ACTION_KEYS = {"matchers", "action", "url", "token_env", "token_file", "cooldown_seconds"}
+# Cooldown entries kept at most (oldest dropped first): a flood of distinct alerts cannot grow memory.
+MAX_COOLDOWN_KEYS = 10_000
 
 
 @dataclass(frozen=True)
@@ -77,13 +84,17 @@ class ActionRunner:
     """Calls the control endpoint for matching firing alerts, off the webhook's thread."""
 
     def __init__(self, actions: tuple[Action, ...], metrics, clock=time.monotonic, timeout: float = 10.0,
-                 attempts: int = 3):
+                 attempts: int = 3, sleep=time.sleep):
         self.actions = actions
         self._metrics = metrics
         self._clock = clock
         self._timeout = timeout
         self._attempts = attempts
-        self._last: dict[tuple[int, str], float] = {}
+        self._sleep = sleep
+        # (action index, alert) -> when it last acted, oldest first; entries past every cooldown are pruned
+        self._last: OrderedDict[tuple[int, str], float] = OrderedDict()
+        self._max_cooldown = max((a.cooldown_seconds for a in actions), default=0.0)
+        self._lock = threading.Lock()  # webhooks arrive on several threads
         self._queue: queue.Queue = queue.Queue(maxsize=1000)
         self._thread = threading.Thread(target=self._run, name="verl-relay-actions", daemon=True)
         if actions:
@@ -91,6 +102,11 @@ class ActionRunner:
 
     def consider(self, alerts) -> None:
         """Queue the actions that firing alerts of one webhook call for (deduplicated by cooldown)."""
+        with self._lock:
+            self._consider(alerts)
+
+    def _consider(self, alerts) -> None:
+        self._prune(self._clock())
         for alert in alerts:
             if alert.status != "firing":
                 continue
@@ -103,10 +119,18 @@ class ActionRunner:
                     self._metrics.inc("verl_relay_actions_total", action=act.action, result="cooldown")
                     continue
                 self._last[key] = now
+                self._last.move_to_end(key)
+                while len(self._last) > MAX_COOLDOWN_KEYS:
+                    self._last.popitem(last=False)
                 try:
                     self._queue.put_nowait((act, alert.labels.get("alertname", "")))
                 except queue.Full:
                     self._metrics.inc("verl_relay_actions_total", action=act.action, result="dropped")
+
+    def _prune(self, now: float) -> None:
+        """Forget the alerts whose every cooldown is over: they would act again anyway."""
+        while self._last and now - next(iter(self._last.values())) >= self._max_cooldown:
+            self._last.popitem(last=False)
 
     def _run(self) -> None:
         while True:
@@ -116,23 +140,38 @@ class ActionRunner:
 
     def _call(self, act: Action, alertname: str) -> str:
         body = json.dumps({"reason": alertname}).encode()
+        where = f"{act.url}/control/{act.action}"
         for attempt in range(1, self._attempts + 1):
-            req = urllib.request.Request(f"{act.url}/control/{act.action}", data=body, method="POST",
+            if attempt > 1:  # back off between attempts, never after the last one
+                self._sleep(min(2 ** (attempt - 1), 10))
+            req = urllib.request.Request(where, data=body, method="POST",
                                          headers={"Authorization": f"Bearer {act.token.reveal()}",
                                                   "Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(req, timeout=self._timeout) as resp:
-                    applied = json.loads(resp.read() or b"{}").get("applied", True)
-                log.warning("action: asked %s to %s because of %s (%s)", act.url, act.action, alertname,
-                            "applied" if applied else "already requested")
-                return "done"
+                with OPENER.open(req, timeout=self._timeout) as resp:
+                    answer = json.loads(resp.read(65536) or b"{}")
             except urllib.error.HTTPError as e:
-                if e.code < 500:  # a wrong token or a disabled endpoint does not get better by retrying
-                    log.error("action: %s/control/%s refused with HTTP %d (check the token and that the sidecar "
-                              "has --control-token-*)", act.url, act.action, e.code)
+                e.close()
+                if 300 <= e.code < 400:
+                    log.error("action: %s answered HTTP %d (a redirect, not followed: the token goes to the "
+                              "sidecar only); point url at the sidecar itself", where, e.code)
                     return "refused"
+                if e.code < 500:  # a wrong token or a disabled endpoint does not get better by retrying
+                    log.error("action: %s refused with HTTP %d (check the token and that the sidecar "
+                              "has --control-token-*)", where, e.code)
+                    return "refused"
+                log.warning("action: %s failed (attempt %d): HTTP %d", where, attempt, e.code)
+                continue
             except (OSError, ValueError) as e:
-                log.warning("action: %s/control/%s failed (attempt %d): %s", act.url, act.action, attempt,
-                            type(e).__name__)
-            time.sleep(min(2 ** attempt, 10))
+                log.warning("action: %s failed (attempt %d): %s", where, attempt, type(e).__name__)
+                continue
+            applied = answer.get("applied") if isinstance(answer, dict) else None
+            if not isinstance(applied, bool):  # not the sidecar's control endpoint: nothing was requested
+                log.error("action: %s answered without 'applied'; not a verl-exporter control endpoint, "
+                          "so the %s was NOT requested", where, act.action)
+                return "failed"
+            log.warning("action: asked %s to %s because of %s (%s)", act.url, act.action, alertname,
+                        "applied" if applied else "already requested")
+            return "done"
+        log.error("action: %s failed %d time(s); the %s was NOT requested", where, self._attempts, act.action)
         return "failed"

@@ -28,7 +28,7 @@ log = logging.getLogger("verl_exporter.relay")
 
 _PATH_RE = re.compile(r"^/alert/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/?$")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Payload Too Large", 503: "Service Unavailable"}
+            413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class RelayApp:
@@ -60,7 +60,11 @@ class RelayApp:
         receiver = m.group(1) if m else ""
         known = bool(receiver) and self.config.knows_receiver(receiver)
         label = self.metrics.receiver_label(receiver) if known else "unknown"
-        code, body = self._handle(environ, receiver, known, method)
+        try:
+            code, body = self._handle(environ, receiver, known, method)
+        except Exception:  # a bug must cost this request, counted and logged, not the caller's connection
+            log.exception("webhook %s: internal error", label)
+            code, body = 500, {"error": "internal error of the relay (logged)"}
         self.metrics.inc("verl_relay_requests_total", receiver=label, code=str(code))
         if code >= 400 and code != 503:
             detail = "; ".join(body.get("problems", [])[:3])
@@ -73,6 +77,7 @@ class RelayApp:
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
+            self._rejected("bad_length")
             return 400, {"error": "bad Content-Length"}
         if not self._authorized(environ):
             _discard(environ, length, self.config.max_body_bytes)
@@ -82,11 +87,13 @@ class RelayApp:
             return 404, {"error": "no route of the relay config takes this receiver"}
         if length > self.config.max_body_bytes:
             _discard(environ, length, 16 * self.config.max_body_bytes)
+            self._rejected("too_large")
             return 413, {"error": f"body of {length} bytes is over max_body_bytes ({self.config.max_body_bytes})"}
         body = environ["wsgi.input"].read(length) if length > 0 else b""
         try:
             payload = parse_payload(body)
         except PayloadError as e:
+            self._rejected(e.reason)
             return 400, {"error": "not an Alertmanager webhook payload (version 4)", "problems": e.problems}
         if self.draining:
             return 503, {"error": "the relay is shutting down; retry"}
@@ -104,6 +111,9 @@ class RelayApp:
         except Draining:
             return 503, {"error": "the relay is shutting down; retry"}
         return 200, {"status": "queued", "alerts": len(payload.alerts), "targets": queued}
+
+    def _rejected(self, reason: str) -> None:
+        self.metrics.inc("verl_relay_rejected_payloads_total", reason=reason)
 
     def _authorized(self, environ) -> bool:
         token = self.config.bearer_token

@@ -34,6 +34,7 @@ def run(args) -> int:
     from ..server import parse_listen
     from .app import Relay
     from .config import RelayConfigError, load_config
+    from .journal import SpoolError, check_spool_dir
 
     try:
         config = load_config(args.config)
@@ -43,6 +44,10 @@ def run(args) -> int:
         print(f"verl-exporter relay: {e}", file=sys.stderr)
         return 2
     if args.check_config:
+        problem = check_spool_dir(config.spool_dir) if config.spool_dir is not None else None
+        if problem:
+            print(f"verl-exporter relay: {args.config}: {problem}", file=sys.stderr)
+            return 2
         for name, t in config.targets.items():
             signed = ", signed" if t.secret is not None else ""
             print(f"target {name}: {t.type} {t.format}{signed}, {t.rate_per_minute}/min, token from {t.token.source}")
@@ -55,6 +60,9 @@ def run(args) -> int:
     relay = Relay(config, listen=args.listen)
     try:
         relay.start()
+    except SpoolError as e:
+        print(f"verl-exporter relay: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"verl-exporter relay: cannot listen on {args.listen or config.listen}: {e.strerror}", file=sys.stderr)
         return 2

@@ -428,6 +428,8 @@ def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] |
     bearer = loader.secret("webhook auth", doc, "bearer_token", required=False)
     max_body = loader.number("", doc, "max_body_bytes", MiB, kind=int, minimum=1024)
     spool_dir = loader.path("spool_dir", "spool_dir", doc["spool_dir"]) if "spool_dir" in doc else None
+    if spool_dir is not None and spool_dir.exists() and not spool_dir.is_dir():
+        problems.append(f"spool_dir {str(spool_dir)!r} is not a directory (alerts left at shutdown would be lost)")
     tz = doc.get("timezone", "UTC")
     try:
         zone(str(tz))

@@ -7,6 +7,8 @@
   the older one in place (counted as superseded).
 - Accounting: every alert accepted is delivered, or counted and logged as failed, or spooled at shutdown.
 - Shutdown: drain for a bounded time, then hand back what is left (``remaining``) for the spool.
+- Restarts (with spool_dir): every accepted alert and every attempt is in the journal (journal.py) before
+  it counts, so a killed relay resends what it had not delivered and keeps each robot's rate window.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from .config import RelayConfig, Target, zone
 from .format import Message, pack
+from .journal import Journal, SpoolError, write_private
 from .metrics import RelayMetrics
 from .payload import Alert, parse_alert
 from .senders import RobotSender, Sender
@@ -48,6 +51,7 @@ class Queued:
     alert: Alert
     receiver: str
     since: float  # monotonic time it was queued (for the oldest-age gauge)
+    jid: int | None = None  # its id in the journal, None without one
 
 
 class RateLimiter:
@@ -69,6 +73,11 @@ class RateLimiter:
 
     def record(self) -> None:
         self._events.append(self.clock())
+
+    def preload(self, wall_times: list[float], now_wall: float) -> None:
+        """Events of an earlier run (wall clock, sorted): they still count within the window."""
+        now = self.clock()
+        self._events = deque(sorted([now - (now_wall - t) for t in wall_times] + list(self._events))[-self.limit:])
 
     def saturate(self) -> None:
         """The robot says we were too fast (someone else shares it): treat the whole window as used."""
@@ -94,6 +103,12 @@ class TargetWorker:
         self._stop_now = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"verl-relay-{target.name}", daemon=True)
         self.last_success: float | None = None
+        self.journal: Journal | None = None
+
+    def _settled(self, items) -> None:
+        """These alerts are delivered, given up or replaced: the journal need not resend them."""
+        if self.journal is not None:
+            self.journal.done([q.jid for q in items])
 
     # ---- producer side (request threads)
     def room(self) -> int:
@@ -111,7 +126,8 @@ class TargetWorker:
             for q in items:
                 old = self._by_key.get(q.alert.key)
                 if old is not None:
-                    old.alert, old.receiver = q.alert, q.receiver  # keeps its place in the queue
+                    self._settled([old])
+                    old.alert, old.receiver, old.jid = q.alert, q.receiver, q.jid  # keeps its place in the queue
                     self.metrics.inc("verl_relay_alerts_total", target=self.target.name, result="superseded")
                 else:
                     self._pending.append(q)
@@ -186,6 +202,8 @@ class TargetWorker:
                 if q.alert.key not in self._by_key:  # a newer state arrived meanwhile: it wins
                     self._pending.appendleft(q)
                     self._by_key[q.alert.key] = q
+                else:
+                    self._settled([q])
             self._inflight = []
 
     def _wait(self, seconds: float) -> bool:
@@ -204,6 +222,7 @@ class TargetWorker:
                 if not self._deliver(batch):
                     self._requeue_inflight()
                     return
+                self._settled(batch)
             except Exception:  # a bug must cost this message, not the worker (and every later alert)
                 with self._cond:
                     lost = self._inflight
@@ -211,6 +230,7 @@ class TargetWorker:
                         lost = [self._pending.popleft()]
                         self._by_key.pop(lost[0].alert.key, None)
                 self.metrics.inc("verl_relay_alerts_total", len(lost), target=self.target.name, result="failed")
+                self._settled(lost)
                 log.exception("target %s: %d alert(s) not delivered because of an internal error",
                               self.target.name, len(lost))
             with self._cond:
@@ -226,10 +246,15 @@ class TargetWorker:
             if delay > 0 and not self._wait(delay):
                 return False
             attempt += 1
+            try_id = None
+            if self.journal is not None:  # its latest possible arrival, in case we are killed during it
+                try_id = self.journal.attempt(name, time.time() + self.delivery.request_timeout_seconds)
             t0 = time.perf_counter()
             result = self.sender.send(message.body)
             self.metrics.inc("verl_relay_send_duration_seconds_total", time.perf_counter() - t0, target=name)
             self.limiter.record()  # every attempt counts: the robot may have counted it
+            if self.journal is not None:
+                self.journal.attempt(name, time.time(), try_id)
             if result.ok:
                 self.metrics.inc("verl_relay_messages_total", target=name, result="sent")
                 self.metrics.inc("verl_relay_alerts_total", len(batch), target=name, result="delivered")
@@ -238,6 +263,8 @@ class TargetWorker:
             self.metrics.inc("verl_relay_robot_errors_total", target=name, errcode=result.errcode)
             if result.rate_limited:
                 self.limiter.saturate()
+                if self.journal is not None:
+                    self.journal.saturated(name, time.time())
             if self.policy.should_retry(result, attempt, time.monotonic() - started):
                 self.metrics.inc("verl_relay_messages_total", target=name, result="retried")
                 backoff = self.policy.backoff(attempt)
@@ -273,6 +300,11 @@ class Dispatcher:
             for name, t in config.targets.items()}
         metrics.queue_state = lambda: {n: w.state() for n, w in self.workers.items()}
         self._draining = False
+        self.journal: Journal | None = None
+        if config.spool_dir is not None:
+            self.journal = Journal(config.spool_dir, metrics, config.delivery.rate_window_seconds)
+            for w in self.workers.values():
+                w.journal = self.journal
 
     def start(self) -> None:
         for w in self.workers.values():
@@ -295,7 +327,15 @@ class Dispatcher:
             if self.workers[t].room() < len(items):
                 raise QueueFull(t)
         for t, items in plan.items():
-            self.workers[t].offer(items)
+            if self.journal is not None:  # kept before the 200, so a killed relay still has it
+                for q in items:
+                    q.jid = self.journal.add(t, q.receiver, q.alert.to_dict())
+            try:
+                self.workers[t].offer(items)
+            except (QueueFull, Draining):
+                if self.journal is not None:  # answered 503: Alertmanager sends them again
+                    self.journal.done([q.jid for q in items])
+                raise
         return {t: len(items) for t, items in plan.items()}
 
     def drain(self, seconds: float) -> dict[str, list[Queued]]:
@@ -317,16 +357,18 @@ class Dispatcher:
 
     # ---- spool
     def spool(self, left: dict[str, list[Queued]]) -> Path | None:
-        """Write what is left to spool_dir as JSON (atomically); counted and logged either way."""
+        """Write what is left to spool_dir as JSON (atomically, mode 0600); counted and logged either way.
+        The journal keeps the robots' recent attempts (and the alerts, if the spool cannot be written)."""
         total = sum(len(v) for v in left.values())
-        if not total:
-            return None
         spool_dir = self.config.spool_dir
-        if spool_dir is None:
-            for t, items in left.items():
-                self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="failed")
-            log.error("%d undelivered alert(s) lost at shutdown: set spool_dir to keep them for the next start",
-                      total)
+        if not total or spool_dir is None:
+            if self.journal is not None:
+                self.journal.close(keep_pending=False)
+            if total:
+                for t, items in left.items():
+                    self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="failed")
+                log.error("%d undelivered alert(s) lost at shutdown: set spool_dir to keep them for the next "
+                          "start", total)
             return None
         doc = {"version": 1, "written_at": datetime.now(timezone.utc).isoformat(),
                "alerts": [{"target": t, "receiver": q.receiver, "alert": q.alert.to_dict()}
@@ -334,54 +376,79 @@ class Dispatcher:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
         path = spool_dir / f"{SPOOL_PREFIX}{stamp}-{os.getpid()}.json"
         try:
-            spool_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(doc, f, ensure_ascii=False)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_private(path, json.dumps(doc, ensure_ascii=False).encode("utf-8"))
         except OSError as e:
+            self.metrics.inc("verl_relay_spool_errors_total", operation="write")
+            if self.journal is not None:
+                self.journal.close(keep_pending=True)
             for t, items in left.items():
-                self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="failed")
-            log.error("cannot write the spool in %s (%s): %d undelivered alert(s) lost", spool_dir, e.strerror,
-                      total)
+                self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="spooled")
+            log.error("cannot write the spool in %s (%s): the %d undelivered alert(s) stay in %s and are sent at "
+                      "the next start", spool_dir, e.strerror, total, self.journal.path.name if self.journal else "")
             return None
+        if self.journal is not None:
+            self.journal.close(keep_pending=False)
         for t, items in left.items():
             self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="spooled")
         log.info("spooled %d undelivered alert(s) to %s; they are sent at the next start", total, path)
         return path
 
     def load_spool(self) -> int:
-        """Queue the alerts of every spool file (then remove it); a file that cannot be read is set aside."""
-        spool_dir = self.config.spool_dir
-        if spool_dir is None or not spool_dir.is_dir():
+        """Queue the alerts of the spool files and of the journal, and the robots' recent attempts.
+
+        The spool files are removed only once their alerts are in the rewritten journal, and a journal entry
+        only once its alert is delivered (or given up): a relay killed at any point resends, never loses.
+        OSError when spool_dir cannot be used (the relay must not run believing it keeps alerts)."""
+        if self.journal is None:
             return 0
+        spool_dir = self.config.spool_dir
+        paths = sorted(spool_dir.glob(f"{SPOOL_PREFIX}*.json")) if spool_dir.is_dir() else []
+        now = time.monotonic()
         loaded = 0
-        for path in sorted(spool_dir.glob(f"{SPOOL_PREFIX}*.json")):
+        for path in paths:
             try:
                 doc = json.loads(path.read_text(encoding="utf-8"))
                 entries = doc["alerts"]
                 if doc.get("version") != 1 or not isinstance(entries, list):
                     raise ValueError("not a version 1 spool")
-            except (OSError, ValueError, KeyError, TypeError) as e:
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+                self.metrics.inc("verl_relay_spool_errors_total", operation="read")
                 log.error("spool file %s cannot be read (%s); renamed to .bad", path.name, e)
                 path.rename(path.with_suffix(".bad"))
                 continue
-            now = time.monotonic()
             for entry in entries:
-                problems: list[str] = []
-                alert = parse_alert("spooled alert", entry.get("alert") if isinstance(entry, dict) else None,
-                                    problems)
-                target = entry.get("target") if isinstance(entry, dict) else None
-                if alert is None or target not in self.workers:
-                    self.metrics.inc("verl_relay_alerts_total", target=str(target or ""), result="failed")
-                    log.error("spool file %s: an entry cannot be resent (%s)", path.name,
-                              "; ".join(problems) or f"target {target!r} is no longer configured")
-                    continue
-                self.workers[target].offer([Queued(alert, str(entry.get("receiver", "")), now)], force=True)
-                loaded += 1
-            path.unlink()
+                loaded += self._requeue(path.name, entry, now)
+        journaled, sent = self.journal.recover()
+        for entry in journaled:
+            loaded += self._requeue(self.journal.path.name, vars(entry), now)
+        wall = time.time()
+        for name, w in self.workers.items():
+            w.limiter.preload(sent.get(name, []), wall)
+            full = self.journal.full_since().get(name)
+            if full is not None:
+                w.limiter.preload([full] * w.limiter.limit, wall)
+        pending = [(name, q.receiver, q.alert.to_dict(), q) for name, w in self.workers.items()
+                   for q in w.remaining()]
+        try:
+            self.journal.restart(pending)  # now the spool files' alerts are in the journal: they may go
+            for path in paths:
+                path.unlink(missing_ok=True)
+        except OSError as e:
+            raise SpoolError(f"cannot write {self.journal.path} ({e.strerror}); fix spool_dir or remove it "
+                             "from the config") from None
         if loaded:
             log.info("resending %d alert(s) from the spool", loaded)
         return loaded
+
+    def _requeue(self, source: str, entry, now: float) -> int:
+        problems: list[str] = []
+        alert = parse_alert("spooled alert", entry.get("alert") if isinstance(entry, dict) else None, problems)
+        target = entry.get("target") if isinstance(entry, dict) else None
+        if alert is None or target not in self.workers:
+            self.metrics.inc("verl_relay_alerts_total", target=str(target or ""), result="failed")
+            log.error("%s: an entry cannot be resent (%s)", source,
+                      "; ".join(problems) or f"target {target!r} is no longer configured")
+            return 0
+        self.workers[target].offer([Queued(alert, str(entry.get("receiver", "")), now)], force=True)
+        return 1

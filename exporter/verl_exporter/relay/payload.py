@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -20,11 +21,17 @@ _TIME_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d
 ZERO_TIME = datetime(1, 1, 1, tzinfo=timezone.utc)
 
 
-class PayloadError(ValueError):
-    """A body that is not a usable webhook payload; ``problems`` lists every problem, one sentence each."""
+# Why a body was refused: the `reason` label of verl_relay_rejected_payloads_total (a closed set).
+REASONS = ("not_json", "too_deep", "not_webhook", "too_large", "bad_length")
 
-    def __init__(self, problems: list[str]):
+
+class PayloadError(ValueError):
+    """A body that is not a usable webhook payload; ``problems`` lists every problem, one sentence each,
+    ``reason`` is one of REASONS."""
+
+    def __init__(self, problems: list[str], reason: str = "not_webhook"):
         self.problems = problems
+        self.reason = reason
         super().__init__("; ".join(problems))
 
 
@@ -101,6 +108,11 @@ def _str_map(where: str, value: Any, problems: list[str]) -> dict[str, str]:
     return {k: v for k, v in value.items() if isinstance(v, str)}
 
 
+def _short(value: Any) -> str:
+    """A bounded repr: a value from the body may be huge or nested to the recursion limit."""
+    return reprlib.repr(value)
+
+
 def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
@@ -167,14 +179,16 @@ def parse_payload(body: bytes | str) -> WebhookPayload:
     """A webhook body → WebhookPayload; PayloadError listing every problem otherwise."""
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PayloadError([f"the body is not JSON: {e}"]) from None
+    except RecursionError:  # the C decoder recurses per nesting level: a hostile body hits the stack limit
+        raise PayloadError(["the body is nested too deeply to be a webhook payload"], "too_deep") from None
+    except ValueError as e:  # not UTF-8, not JSON, or an integer over Python's digit limit
+        raise PayloadError([f"the body is not JSON: {str(e)[:200]}"], "not_json") from None
     if not isinstance(doc, dict):
         raise PayloadError([f"the body must be a JSON object, got {_kind(doc)}"])
     problems: list[str] = []
     version = doc.get("version")
     if version != "4":
-        problems.append(f"version must be \"4\" (Alertmanager's webhook payload), got {version!r}"[:120])
+        problems.append(f"version must be \"4\" (Alertmanager's webhook payload), got {_short(version)}"[:120])
     status = _required_str("", doc, "status", problems)
     if status and status not in STATUSES:
         problems.append(f"status must be one of {list(STATUSES)}, got {status[:20]!r}")

@@ -24,6 +24,7 @@ from typing import Protocol
 from urllib.parse import quote, quote_plus, urlencode
 
 from .config import TOKEN_PARAM, Target
+from .nofollow import OPENER
 
 # errcodes worth another try: the robot is busy or we were too fast; the message itself is fine.
 RETRYABLE_ERRCODES = {
@@ -98,7 +99,7 @@ class RobotSender:
         request = urllib.request.Request(self.url(), data=body, method="POST",
                                          headers={"Content-Type": "application/json; charset=utf-8"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+            with OPENER.open(request, timeout=self.timeout) as resp:
                 status, raw = resp.status, resp.read(65536)
         except urllib.error.HTTPError as e:
             status, raw = e.code, b""
@@ -110,6 +111,8 @@ class RobotSender:
             return SendResult(False, True, f"http_{status}", f"HTTP {status} from the robot")
         if status >= 400:
             return SendResult(False, False, f"http_{status}", f"HTTP {status} from the robot")
+        if status >= 300:  # the URL is wrong (or hijacked): never follow, never count as delivered
+            return SendResult(False, False, f"http_{status}", f"HTTP {status} from the robot (redirect not followed)")
         return self._classify(raw)
 
     def _classify(self, raw: bytes) -> SendResult:

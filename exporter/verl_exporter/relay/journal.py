@@ -1,0 +1,262 @@
+"""What the relay must remember across a restart, even a ``kill -9``: the alerts it accepted and has not yet
+delivered, and when it last sent to each robot (the robots count 20 messages a minute across our restarts).
+
+One append-only file in spool_dir, ``relay-journal.jsonl`` (mode 0600), one JSON object a line:
+
+    {"add": 7, "target": "dt", "receiver": "verl-critical", "alert": {...}}   accepted (before the 200)
+    {"done": [7, 8]}                                                          delivered, given up or replaced
+    {"try": 3, "target": "dt", "at": 1767225600.5}                            an attempt (wall clock); written
+                                                                              before it (its latest possible
+                                                                              time) and again after it
+    {"full": "dt", "at": 1767225600.5}                                        the robot said "too fast"
+
+A line is written with one write(2) before the relay acts on it, so it survives the process being killed
+(a power loss may cost the last seconds: no fsync per line, which would slow every webhook). The file is
+rewritten compactly (atomically) at start, when nothing is pending and it has grown, and at shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("verl_exporter.relay")
+
+JOURNAL = "relay-journal.jsonl"
+# Attempts remembered per target: more than any robot allows in one window.
+KEEP_TRIES = 100
+COMPACT_LINES = 1000
+
+
+class SpoolError(RuntimeError):
+    """spool_dir cannot be used: the relay must not run believing it keeps alerts across a restart."""
+
+
+def check_spool_dir(path: Path) -> str | None:
+    """Why `path` cannot be the spool directory (None: it can): a regular file, or not writable."""
+    if path.exists() and not path.is_dir():
+        return f"spool_dir {str(path)!r} is not a directory"
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"spool_dir {str(path)!r}: {str(existing)!r} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"spool_dir {str(path)!r}: {str(existing)!r} is not writable by this user"
+    return None
+
+
+@dataclass
+class Entry:
+    target: str
+    receiver: str
+    alert: dict
+
+
+def write_private(path: Path, data: bytes, sync: bool = True) -> None:
+    """Write a file only its owner can read, atomically (temporary file, then rename); on failure the
+    temporary file is removed and OSError raised."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # an older file of the same name keeps its mode through O_CREAT
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # never leave a 0-byte .tmp behind (a full disk)
+            tmp.unlink()
+        raise
+
+
+class Journal:
+    def __init__(self, spool_dir: Path, metrics, window: float):
+        self.path = spool_dir / JOURNAL
+        self.metrics = metrics
+        self.window = window
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._next = 1
+        self._live: dict[int, str] = {}  # id -> its add line, for compaction
+        self._tries: dict[str, deque[tuple[int, float]]] = {}  # target -> (try id, wall time)
+        self._full: dict[str, float] = {}
+        self._lines = 0
+        self._failing = False
+        self._torn = False
+        self._closed = False  # after shutdown: a send still stuck in flight must not write any more
+
+    # ---- start
+    def recover(self) -> tuple[list[Entry], dict[str, list[float]]]:
+        """The entries still pending in the journal, and each target's recent attempt times (wall clock)."""
+        entries: dict[int, Entry] = {}
+        tries: dict[int, tuple[str, float]] = {}
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                lines = f.readlines()
+        except FileNotFoundError:
+            lines = []
+        except (OSError, UnicodeDecodeError) as e:
+            self._error("read", f"cannot read {self.path.name} ({e})")
+            lines = []
+        bad = 0
+        for line in lines:
+            try:
+                rec = json.loads(line)
+                if "add" in rec:
+                    entries[int(rec["add"])] = Entry(str(rec["target"]), str(rec.get("receiver", "")),
+                                                     rec["alert"])
+                elif "done" in rec:
+                    for i in rec["done"]:
+                        entries.pop(int(i), None)
+                elif "try" in rec:
+                    tries[int(rec["try"])] = (str(rec["target"]), float(rec["at"]))
+                elif "full" in rec:
+                    self._full[str(rec["full"])] = max(float(rec["at"]), self._full.get(str(rec["full"]), 0.0))
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                bad += 1  # a line cut by a full disk or a crash: the rest is still good
+        if bad:
+            self._error("read", f"{bad} unreadable line(s) in {self.path.name} skipped")
+        self._next = max([*entries, *tries, 0]) + 1
+        for n in sorted(tries):
+            target, at = tries[n]
+            self._tries.setdefault(target, deque(maxlen=KEEP_TRIES)).append((n, at))
+        sent = {t: sorted(at for _, at in v) for t, v in self._tries.items()}
+        return list(entries.values()), sent
+
+    def full_since(self) -> dict[str, float]:
+        """Targets whose robot said "too fast", and when (wall clock)."""
+        return dict(self._full)
+
+    def restart(self, pending: list[tuple[str, str, dict, object]]) -> None:
+        """Rewrite the journal with exactly `pending` [(target, receiver, alert dict, queued)], giving each
+        queued item its id (``.jid``), and keep appending to it. OSError when it cannot be written."""
+        with self._lock:
+            self._close()
+            self._live = {}
+            lines = []
+            for target, receiver, alert, queued in pending:
+                n, line = self._add_line(target, receiver, alert)
+                queued.jid = n
+                self._live[n] = line
+                lines.append(line)
+            self._write_compact(lines)
+
+    # ---- while running
+    def add(self, target: str, receiver: str, alert: dict) -> int | None:
+        with self._lock:
+            n, line = self._add_line(target, receiver, alert)
+            if self._append(line):
+                self._live[n] = line
+                return n
+            return None
+
+    def done(self, ids) -> None:
+        ids = [n for n in ids if n is not None]
+        if not ids:
+            return
+        with self._lock:
+            for n in ids:
+                self._live.pop(n, None)
+            self._append(json.dumps({"done": ids}) + "\n")
+            if self._lines > COMPACT_LINES and 4 * len(self._live) < self._lines:  # mostly settled lines
+                try:
+                    self._write_compact(list(self._live.values()))
+                except OSError as e:
+                    self._error("write", f"cannot compact {self.path.name}: {e.strerror}")
+
+    def attempt(self, target: str, at: float, n: int | None = None) -> int:
+        """Record an attempt at wall time `at` (again with its id `n` once it is over); its id."""
+        with self._lock:
+            if n is None:
+                n, self._next = self._next, self._next + 1
+            tries = self._tries.setdefault(target, deque(maxlen=KEEP_TRIES))
+            if tries and tries[-1][0] == n:
+                tries.pop()
+            tries.append((n, at))
+            self._append(json.dumps({"try": n, "target": target, "at": at}) + "\n")
+            return n
+
+    def saturated(self, target: str, at: float) -> None:
+        with self._lock:
+            self._full[target] = at
+            self._append(json.dumps({"full": target, "at": at}) + "\n")
+
+    def close(self, keep_pending: bool) -> None:
+        """At shutdown: rewrite it with the attempt history (and the pending alerts unless they were spooled
+        elsewhere); if that fails the journal stays as it is, which loses nothing."""
+        with self._lock:
+            lines = list(self._live.values()) if keep_pending else []
+            try:
+                self._write_compact(lines)
+            except OSError as e:
+                self._error("write", f"cannot compact {self.path.name} at shutdown: {e.strerror}")
+            self._close()
+            self._closed = True
+
+    # ---- internals (under the lock)
+    def _add_line(self, target: str, receiver: str, alert: dict) -> tuple[int, str]:
+        n, self._next = self._next, self._next + 1
+        return n, json.dumps({"add": n, "target": target, "receiver": receiver, "alert": alert},
+                             ensure_ascii=False) + "\n"
+
+    def _history_lines(self) -> list[str]:
+        horizon = time.time() - 2 * self.window  # older attempts no longer limit anything
+        lines = [json.dumps({"try": n, "target": t, "at": at}) + "\n"
+                 for t, tries in self._tries.items() for n, at in tries if at > horizon]
+        lines += [json.dumps({"full": t, "at": at}) + "\n" for t, at in self._full.items() if at > horizon]
+        return lines
+
+    def _write_compact(self, pending_lines: list[str]) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lines = self._history_lines() + pending_lines
+        write_private(self.path, "".join(lines).encode("utf-8"))
+        self._close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._lines, self._torn = len(lines), False
+
+    def _append(self, line: str) -> bool:
+        if self._closed:
+            return False
+        if self._fd is None:
+            self._error("write", f"{self.path.name} is not open: accepted alerts are not kept across a crash")
+            return False
+        try:
+            data = (b"\n" if self._torn else b"") + line.encode("utf-8")
+            written = os.write(self._fd, data)
+            self._torn = written != len(data)  # a cut line: start the next on a line of its own
+            if self._torn:
+                raise OSError(28, "short write (disk full?)")
+        except OSError as e:
+            self._torn = True
+            self._error("write", f"cannot append to {self.path.name} ({e.strerror}): accepted alerts are not "
+                                 "kept across a crash until it works again")
+            return False
+        self._lines += 1
+        if self._failing:
+            self._failing = False
+            log.warning("the journal %s is written again", self.path.name)
+        return True
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _error(self, operation: str, message: str) -> None:
+        self.metrics.inc("verl_relay_spool_errors_total", operation=operation)
+        if not self._failing:  # once per failing spell, not once per webhook
+            log.error("%s", message)
+        self._failing = operation == "write"

@@ -1,0 +1,146 @@
+"""The relay's automated response (relay/actions.py) and its robot sender against misbehaving servers:
+redirects are never followed (the bearer token stays with the sidecar), an answer must say `applied`, no
+backoff after the last attempt, and the cooldown history stays bounded."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from conftest import wait_for
+from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, Action, ActionRunner
+from verl_exporter.relay.config import Matcher, Secret, Target
+from verl_exporter.relay.metrics import RelayMetrics
+from verl_exporter.relay.payload import Alert
+from verl_exporter.relay.senders import RobotSender
+
+TOKEN = "control-token-3b9e51"
+
+
+class Server:
+    """A loopback HTTP server answering every request with (status, headers, body); records requests."""
+
+    def __init__(self, status=200, body=b"{}", headers=None):
+        self.status, self.body, self.headers = status, body, dict(headers or {})
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                server.requests.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
+                                        "body": self.rfile.read(length)})
+                self.send_response(server.status)
+                for k, v in server.headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(server.body)))
+                self.end_headers()
+                self.wfile.write(server.body)
+
+            do_GET = do_POST = _answer  # noqa: N815 (http.server's naming)
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._httpd.server_port}"
+
+    def stop(self):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+@pytest.fixture
+def servers():
+    started = []
+
+    def start(*args, **kw) -> Server:
+        started.append(Server(*args, **kw))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def alert(name="VerlNumericalCollapse", fingerprint="fp-1") -> Alert:
+    return Alert(status="firing", labels={"alertname": name}, annotations={},
+                 starts_at=datetime.now(timezone.utc), ends_at=None, fingerprint=fingerprint)
+
+
+def runner(url: str, metrics: RelayMetrics, **kw) -> ActionRunner:
+    act = Action((Matcher("alertname", "VerlNumericalCollapse"),), "stop", url, Secret(TOKEN),
+                 kw.pop("cooldown_seconds", 1800.0))
+    return ActionRunner((act,), metrics, timeout=2, **kw)
+
+
+def result(metrics: RelayMetrics, name: str) -> float:
+    return metrics.value("verl_relay_actions_total", action="stop", result=name)
+
+
+def test_an_action_never_follows_a_redirect_with_the_token(servers, caplog):
+    elsewhere = servers(200, b'{"applied": true}')
+    sidecar = servers(302, b"", {"Location": elsewhere.url + "/control/stop"})
+    metrics = RelayMetrics()
+    runner(sidecar.url, metrics).consider([alert()])
+    wait_for(lambda: result(metrics, "refused") == 1, timeout=5)
+    assert sidecar.requests[0]["headers"]["Authorization"] == f"Bearer {TOKEN}"
+    assert elsewhere.requests == []  # neither the request nor the token went on
+    assert result(metrics, "done") == 0
+    assert "redirect" in caplog.text and TOKEN not in caplog.text
+
+
+def test_an_answer_without_applied_is_a_failure(servers, caplog):
+    not_a_sidecar = servers(200, b'{"status": "ok"}')
+    metrics = RelayMetrics()
+    runner(not_a_sidecar.url, metrics).consider([alert()])
+    wait_for(lambda: result(metrics, "failed") == 1, timeout=5)
+    assert result(metrics, "done") == 0 and "NOT requested" in caplog.text
+
+
+def test_an_applied_answer_is_done(servers):
+    sidecar = servers(200, b'{"action": "stop", "applied": false, "state": {}}')
+    metrics = RelayMetrics()
+    runner(sidecar.url, metrics).consider([alert()])
+    wait_for(lambda: result(metrics, "done") == 1, timeout=5)
+    assert json.loads(sidecar.requests[0]["body"]) == {"reason": "VerlNumericalCollapse"}
+
+
+def test_no_backoff_after_the_last_failed_attempt(servers):
+    down = servers(503, b"")
+    metrics = RelayMetrics()
+    slept: list[float] = []
+    runner(down.url, metrics, attempts=3, sleep=slept.append).consider([alert()])
+    wait_for(lambda: result(metrics, "failed") == 1, timeout=5)
+    assert len(down.requests) == 3
+    assert len(slept) == 2 and slept == sorted(slept)  # between attempts only, growing
+
+
+def test_the_cooldown_history_stays_bounded(servers):
+    sidecar = servers(200, b'{"applied": true}')
+    now = [0.0]
+    metrics = RelayMetrics()
+    r = runner(sidecar.url, metrics, clock=lambda: now[0], cooldown_seconds=60.0)
+    r.consider([alert(fingerprint=f"fp-{i}") for i in range(MAX_COOLDOWN_KEYS + 500)])
+    assert len(r._last) == MAX_COOLDOWN_KEYS  # a flood of distinct alerts: the oldest are forgotten
+    r.consider([alert(fingerprint="fp-late")])
+    assert result(metrics, "cooldown") == 0
+    r.consider([alert(fingerprint="fp-late")])
+    assert result(metrics, "cooldown") == 1  # within its cooldown: remembered
+    now[0] = 61.0
+    r.consider([alert(fingerprint="fp-after")])
+    assert list(r._last) == [(0, "fp-after")]  # every expired entry is gone
+
+
+def test_the_robot_sender_does_not_follow_a_redirect(servers):
+    elsewhere = servers(200, b'{"errcode": 0, "errmsg": "ok"}')
+    robot = servers(302, b"", {"Location": elsewhere.url + "/robot/send"})
+    target = Target("dt", "dingtalk", robot.url + "/robot/send", Secret("dt-token-1"))
+    result = RobotSender(target, timeout=2).send(b'{"msgtype": "text", "text": {"content": "x"}}')
+    assert (result.ok, result.retryable, result.errcode) == (False, False, "http_302")
+    assert elsewhere.requests == []
