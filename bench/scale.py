@@ -29,6 +29,10 @@
    blocks, every target refusing connections).
 5. Extrapolates to --extrapolate-to ranks (4096): series linearly per rank; memory growth and rule evaluation
    time linearly in head series (the assumption is printed with the numbers).
+6. Unless --no-victoriametrics: Prometheus is stopped and the same fleet runs on VictoriaMetrics (the same
+   backfill imported, two vmagent shards, victoria-metrics, vmalert with the same rules and intervals) for
+   the same warm-up and duration; vmalert's per-group evaluation summary (median, max), series, RSS and CPU
+   of every process, extrapolated the same way.
 
 Only 127.0.0.1 is used. Every subprocess and server is stopped on the way out, error or not. The default
 (about 3 min) measures 120 s after a 30 s warm-up (the first scrapes create every series: reported apart);
@@ -666,6 +670,164 @@ def _rfc3339(stamp: str) -> float:
     return datetime.fromisoformat(f"{m.group(1)}{frac}{zone}").timestamp()
 
 
+# ---------------------------------------------------------------------------------------------- VictoriaMetrics
+class VictoriaMetrics:
+    """victoria-metrics, two vmagent shards scraping the fleet and vmalert with the generated rules."""
+
+    SHARDS = 2
+
+    def __init__(self, workdir: Path, ports: list[int], args):
+        self.workdir, self.args = workdir / "vm", args
+        self.workdir.mkdir(exist_ok=True)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.vmalert = f"http://127.0.0.1:{free_port()}"
+        self.config = self.workdir / "vmagent.yml"
+        self.config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": f"{args.scrape_interval:g}s",
+                       "scrape_timeout": f"{min(args.scrape_interval, 10):g}s"},
+            "scrape_configs": [{"job_name": JOB,
+                                "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}],
+        }, sort_keys=False))
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def _start(self, name: str, argv: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        self.procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL)
+
+    def _wait(self, session: requests.Session, url: str) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self.check()
+            with contextlib.suppress(requests.RequestException):
+                if session.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"{url} not ready")
+
+    def check(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited: {(self.workdir / f'{name}.log').read_text()[-2000:]}")
+
+    def start_storage(self, session: requests.Session) -> None:
+        self._start("victoria-metrics", [shutil.which("victoria-metrics"), f"-storageDataPath={self.workdir / 'data'}",
+                                         f"-httpListenAddr={self.url[7:]}", "-loggerLevel=WARN"])
+        self._wait(session, self.url + "/health")
+
+    def start_rest(self, session: requests.Session) -> None:
+        for member in range(self.SHARDS):
+            addr = f"127.0.0.1:{free_port()}"
+            self._start(f"vmagent-{member}", [
+                shutil.which("vmagent"), f"-promscrape.config={self.config}", f"-httpListenAddr={addr}",
+                f"-promscrape.cluster.membersCount={self.SHARDS}", f"-promscrape.cluster.memberNum={member}",
+                f"-remoteWrite.url={self.url}/api/v1/write", f"-remoteWrite.tmpDataPath={self.workdir / str(member)}",
+                "-loggerLevel=WARN"])
+        self._start("vmalert", [shutil.which("vmalert"), *[f"-rule={p}" for p in RULE_FILES],
+                                f"-httpListenAddr={self.vmalert[7:]}", f"-datasource.url={self.url}",
+                                f"-remoteWrite.url={self.url}", "-notifier.url=http://127.0.0.1:1",
+                                f"-evaluationInterval={self.args.eval_interval:g}s", "-loggerLevel=WARN"])
+        self._wait(session, self.vmalert + "/health")
+
+    def backfill(self, session: requests.Session, om_path: Path) -> None:
+        """The OpenMetrics backfill (seconds) as Prometheus text with millisecond timestamps, in chunks."""
+        chunk: list[str] = []
+
+        def send():
+            session.post(f"{self.url}/api/v1/import/prometheus", data="".join(chunk).encode(),
+                         timeout=300).raise_for_status()
+            chunk.clear()
+
+        with open(om_path) as f:
+            for line in f:
+                if line.startswith("#"):
+                    continue
+                head, _, ts = line.rpartition(" ")
+                chunk.append(f"{head} {int(float(ts) * 1000)}\n")
+                if len(chunk) >= 200_000:
+                    send()
+        if chunk:
+            send()
+        session.get(f"{self.url}/internal/force_flush", timeout=60)
+
+    def rss(self) -> dict[str, float]:
+        return {name: float(psutil.Process(p.pid).memory_info().rss) for name, p in self.procs.items()}
+
+    def cpu_s(self) -> float:
+        return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in self.procs.values())
+
+    def query(self, session: requests.Session, expr: str) -> list:
+        r = session.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=30)
+        r.raise_for_status()
+        return r.json()["data"]["result"]
+
+    def group_durations(self, session: requests.Session) -> dict[str, dict[str, float]]:
+        """vmalert's own summary of each group's evaluation time: {group: {quantile: seconds}}."""
+        out: dict = defaultdict(dict)
+        for fam in text_string_to_metric_families(session.get(f"{self.vmalert}/metrics", timeout=10).text):
+            for s in fam.samples:
+                if s.name == "vmalert_iteration_duration_seconds" and "quantile" in s.labels:
+                    out[s.labels["group"]][s.labels["quantile"]] = s.value
+        return out
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def run_victoriametrics(args, session, workdir: Path, fleet, templates, out) -> dict:
+    """The same fleet on VictoriaMetrics: backfill (as for Prometheus), then scrape and evaluate for the same
+    warm-up and duration; vmalert's per-group evaluation summary, series, memory and CPU of every process."""
+    vm = VictoriaMetrics(workdir, fleet.ports, args)
+    try:
+        vm.start_storage(session)
+        if args.backfill:
+            started = time.perf_counter()
+            om_path = workdir / "backfill-vm.om"
+            write_backfill(om_path, [t[0] for t in templates], fleet.ports, rule_lookbacks(RULE_FILES),
+                           args.scrape_interval, time.time())
+            vm.backfill(session, om_path)
+            om_path.unlink()
+            out(f"  backfill imported in {time.perf_counter() - started:.1f} s")
+        vm.start_rest(session)
+        enabled = time.time()
+        cpu0 = None
+        while time.time() < enabled + args.warmup + args.duration:
+            vm.check()
+            if cpu0 is None and time.time() >= enabled + args.warmup:
+                cpu0 = (time.time(), vm.cpu_s())
+            time.sleep(1)
+        cpu1 = (time.time(), vm.cpu_s())
+        groups = vm.group_durations(session)
+        series = float(vm.query(session, 'count({__name__=~".+"})')[0]["value"][1])
+        scrape = [float(s["value"][1]) for s in vm.query(
+            session, f'quantile_over_time(0.99, scrape_duration_seconds{{job="{JOB}"}}[{int(args.duration)}s])')]
+        up = [float(s["value"][1]) for s in vm.query(session, f'up{{job="{JOB}"}}')]
+        rss = vm.rss()
+        result = {
+            "series": series, "targets_up": sum(up), "targets": len(up),
+            "scrape_p99_s": max(scrape, default=0.0),
+            "groups": {_short(g): q for g, q in groups.items()},
+            "worst_group_max_s": max((q.get("1", 0.0) for q in groups.values()), default=0.0),
+            "worst_group_median_s": max((q.get("0.5", 0.0) for q in groups.values()), default=0.0),
+            "rss_bytes": rss, "rss_total_bytes": sum(rss.values()),
+            "cpu_cores": (cpu1[1] - cpu0[1]) / (cpu1[0] - cpu0[0]) if cpu0 else None,
+        }
+        out(f"  {len(up)} targets ({sum(up):.0f} up), {series:,.0f} series, scrape p99 "
+            f"{result['scrape_p99_s'] * 1e3:.1f} ms, RSS {result['rss_total_bytes'] / 2**20:.0f} MiB in all "
+            f"({', '.join(f'{k} {v / 2**20:.0f}' for k, v in rss.items())}), CPU {result['cpu_cores'] or 0:.2f} cores")
+        for g, q in sorted(result["groups"].items()):
+            out(f"  group {g:12}: median {q.get('0.5', 0) * 1e3:7.1f} ms, max {q.get('1', 0) * 1e3:7.1f} ms")
+        return result
+    finally:
+        vm.stop()
+
+
 # ---------------------------------------------------------------------------------------------- the run
 def run(args, out) -> dict:
     prom_bin, promtool = shutil.which("prometheus"), shutil.which("promtool")
@@ -781,6 +943,11 @@ def run(args, out) -> dict:
             raise RuntimeError(f"prometheus died: {prom.log_tail()}")
         log_lines = [line for line in prom.log_tail().splitlines() if "level=error" in line or "level=warn" in line]
         results["prometheus"]["log_warnings"] = log_lines[-5:]
+        if args.victoriametrics:
+            prom.stop()  # one engine at a time on the machine
+            out(f"\n== 4. VictoriaMetrics: the same {args.ranks} targets, {VictoriaMetrics.SHARDS} vmagent shards, "
+                f"victoria-metrics, vmalert with the same rules; {args.warmup:g} s warm-up + {args.duration:g} s")
+            results["victoriametrics"] = run_victoriametrics(args, session, workdir, fleet, templates, out)
     finally:
         session.close()
         if prom is not None:
@@ -1080,6 +1247,28 @@ def print_extrapolation(out, r: dict) -> None:
         "training and recording figures are upper bounds. Evaluation also scales with the samples in each window; "
         "the backfill makes windows full, so that part is already in the measurement.")
 
+def extrapolate_vm(r: dict, target: int) -> dict:
+    """Same method as for Prometheus: series linear in ranks; rule-group time and memory linear in series
+    (the measured figures scaled by target / measured ranks)."""
+    vm, ranks = r["victoriametrics"], r["env"]["ranks"]
+    k = target / ranks
+    return {"ranks": target, "series": vm["series"] * k, "worst_group_median_s": vm["worst_group_median_s"] * k,
+            "worst_group_max_s": vm["worst_group_max_s"] * k, "rss_total_bytes": vm["rss_total_bytes"] * k}
+
+
+def print_vm(out, r: dict, target: int) -> None:
+    prom, vm = r["prometheus"], r["victoriametrics"]
+    x = vm["extrapolation"]
+    out(f"== VictoriaMetrics vs Prometheus, {r['env']['ranks']} ranks measured, {target} extrapolated "
+        "(series linear in ranks, group time and memory linear in series)")
+    out(f"  series: VictoriaMetrics {vm['series']:,.0f} (with rule results) -> {x['series']:,.0f}")
+    out(f"  worst group: median {vm['worst_group_median_s'] * 1e3:.0f} ms, max {vm['worst_group_max_s'] * 1e3:.0f} ms "
+        f"-> {x['worst_group_median_s']:.2f} s / {x['worst_group_max_s']:.2f} s "
+        f"(Prometheus at {target}: worst max {max(r['extrapolation']['group_eval_max_s'].values()):.2f} s)")
+    out(f"  memory, all VictoriaMetrics processes: {vm['rss_total_bytes'] / 2**20:.0f} MiB -> "
+        f"{x['rss_total_bytes'] / 2**30:.2f} GiB; Prometheus {prom['rss_psutil_end'] / 2**20:.0f} MiB -> "
+        f"{r['extrapolation']['rss_bytes'] / 2**30:.2f} GiB")
+
 
 # ---------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
@@ -1096,7 +1285,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-procfs", metavar="DIR",
                         help="read host series from this procfs (e.g. /proc) instead of the modelled 8-GPU node")
     parser.add_argument("--extrapolate-to", type=int, default=4096, help="ranks to extrapolate to (default 4096)")
+    parser.add_argument("--no-victoriametrics", dest="victoriametrics", action="store_false",
+                        help="Prometheus only (by default the same fleet then runs on VictoriaMetrics too)")
     args = parser.parse_args(argv)
+    if args.victoriametrics and not all(shutil.which(b) for b in ("victoria-metrics", "vmagent", "vmalert")):
+        parser.error("VictoriaMetrics is not installed (Debian: apt-get install victoria-metrics); "
+                     "or pass --no-victoriametrics")
     if args.ranks < 2:
         parser.error("--ranks must be at least 2 (rank 0 and an ordinary rank)")
     if args.duration is None:
@@ -1109,9 +1303,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = run(args, out)
     results["extrapolation"] = extrapolate(results, args.extrapolate_to)
+    if "victoriametrics" in results:
+        results["victoriametrics"]["extrapolation"] = extrapolate_vm(results, args.extrapolate_to)
     out("")
     print_prometheus(out, results)
     print_extrapolation(out, results)
+    if "victoriametrics" in results:
+        print_vm(out, results, args.extrapolate_to)
     results["elapsed_s"] = time.monotonic() - started
     table = build_table(results)
     out("\n== results (ratio = measured / baseline, both measured in this run)")

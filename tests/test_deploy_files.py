@@ -759,3 +759,107 @@ def test_docker_readme_commands_use_real_flags():
     assert any(c[0] == "serve" for c in commands)
     for argv in commands:
         assert_cli_accepts(argv, f"docker/README.md: verl-exporter {' '.join(argv)}")
+
+
+# ------------------------------------------------------------------------------------------ VictoriaMetrics
+VM_COMPOSE = yaml.safe_load((DOCKER / "compose.victoriametrics.yaml").read_text())
+VM_SERVICES: dict[str, dict] = VM_COMPOSE["services"]
+VM_K8S = list(yaml.safe_load_all((K8S / "victoriametrics.yaml").read_text()))
+SPEC_EVAL = load_spec().rules.evaluation_interval
+
+
+def vm_host_path(service: str, container_path: str) -> Path:
+    """Where a path inside a VictoriaMetrics compose service comes from on the host (its bind mounts)."""
+    for v in VM_SERVICES[service].get("volumes") or []:
+        source, target = v.split(":")[:2]
+        if source.startswith(".") and (container_path == target or container_path.startswith(target + "/")):
+            return host_path(source) / container_path[len(target):].lstrip("/")
+    raise AssertionError(f"{service}: nothing mounted at {container_path}")
+
+
+def vm_flags(argv: list[str], name: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in argv if a.startswith(f"-{name}=")]
+
+
+def vmagent_shards(services: dict[str, dict]) -> dict[str, list[str]]:
+    return {n: s["command"] for n, s in services.items() if "vmagent" in s.get("image", "")}
+
+
+def test_the_victoriametrics_compose_shards_scraping_and_wires_every_url():
+    shards = vmagent_shards(VM_SERVICES)
+    assert len(shards) == 2
+    counts = {vm_flags(argv, "promscrape.cluster.membersCount")[0] for argv in shards.values()}
+    assert counts == {str(len(shards))}, "every shard must agree on the number of shards"
+    members = sorted(vm_flags(argv, "promscrape.cluster.memberNum")[0] for argv in shards.values())
+    assert members == [str(i) for i in range(len(shards))], "each shard its own memberNum 0..N-1"
+    listen = [vm_flags(argv, "httpListenAddr") for argv in shards.values()]
+    assert len({tuple(x) for x in listen}) == len(shards), "shards sharing a namespace need their own ports"
+    for name, argv in shards.items():
+        (config,) = vm_flags(argv, "promscrape.config")
+        assert vm_host_path(name, config) == REPO / "docker/victoriametrics/vmagent.yml"
+        assert vm_flags(argv, "promscrape.fileSDCheckInterval"), "vmagent re-reads file_sd only every 5m otherwise"
+        (url,) = vm_flags(argv, "remoteWrite.url")
+        assert urlsplit(url).hostname in VM_SERVICES and urlsplit(url).port == 8428
+        assert VM_SERVICES[name]["network_mode"] == "service:sidecar", "the static target localhost:9477"
+    vmalert = VM_SERVICES["vmalert"]["command"]
+    rules = [vm_host_path("vmalert", r) for r in vm_flags(vmalert, "rule")]
+    assert rules == [REPO / "rules/verl-recording.yaml", REPO / "rules/verl-alerts.yaml"]
+    assert vm_flags(vmalert, "evaluationInterval") == [SPEC_EVAL]
+    for flag in ("datasource.url", "remoteWrite.url", "remoteRead.url", "notifier.url"):
+        (url,) = vm_flags(vmalert, flag)
+        assert urlsplit(url).hostname in VM_SERVICES, flag
+
+
+def test_vmagent_and_vmalert_accept_the_configs_compose_mounts(tmp_path):
+    """vmagent's strict parser (it refuses fields it does not know, e.g. file_sd refresh_interval) and
+    vmalert's dry run (the rules parse as MetricsQL) on the generated files."""
+    vmagent, vmalert = require_tool("vmagent"), require_tool("vmalert")
+    (name, argv), *_ = vmagent_shards(VM_SERVICES).items()
+    config = vm_host_path(name, vm_flags(argv, "promscrape.config")[0])
+    run = subprocess.run([vmagent, f"-promscrape.config={config}", "-promscrape.config.dryRun"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rules = [f"-rule={vm_host_path('vmalert', r)}" for r in vm_flags(VM_SERVICES["vmalert"]["command"], "rule")]
+    run = subprocess.run([vmalert, "-dryRun", *rules], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_victoriametrics_compose_commands_use_real_flags():
+    for name, service in VM_SERVICES.items():
+        if ours(service):
+            assert_cli_accepts(service["command"], f"compose.victoriametrics.yaml {name}")
+
+
+def vm_k8s(kind: str, name: str) -> dict:
+    (doc,) = [d for d in VM_K8S if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def test_the_kubernetes_victoriametrics_manifest_shards_and_loads_the_generated_rules(tmp_path):
+    vmagent_set = vm_k8s("StatefulSet", "verl-vmagent")
+    (agent,) = vmagent_set["spec"]["template"]["spec"]["containers"]
+    assert vm_flags(agent["args"], "promscrape.cluster.membersCount") == [str(vmagent_set["spec"]["replicas"])]
+    assert vm_flags(agent["args"], "promscrape.cluster.memberNum") == ["$(POD_NAME)"]  # verl-vmagent-<n>
+    assert agent["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    service = vm_k8s("Service", "verl-victoria-metrics")
+    for url in vm_flags(agent["args"], "remoteWrite.url"):
+        assert urlsplit(url).hostname == service["metadata"]["name"]
+    (alert,) = vm_k8s("Deployment", "verl-vmalert")["spec"]["template"]["spec"]["containers"]
+    names = [Path(r).name for r in vm_flags(alert["args"], "rule")]
+    assert names == ["verl-recording.yaml", "verl-alerts.yaml"] and all((REPO / "rules" / n).is_file() for n in names)
+    header = (K8S / "victoriametrics.yaml").read_text()
+    assert all(f"--from-file=rules/{n}" in header for n in names), "the ConfigMap command names every rule file"
+    assert vm_flags(alert["args"], "evaluationInterval") == [SPEC_EVAL]
+    vmagent = require_tool("vmagent")
+    (tmp_path / "scrape.yml").write_text(vm_k8s("ConfigMap", "verl-vmagent")["data"]["scrape.yml"])
+    run = subprocess.run([vmagent, f"-promscrape.config={tmp_path / 'scrape.yml'}", "-promscrape.config.dryRun"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (job,) = yaml.safe_load((tmp_path / "scrape.yml").read_text())["scrape_configs"]
+    monitor = k8s_doc("podmonitor.yaml", "PodMonitor")
+    label = next(iter(monitor["spec"]["selector"]["matchLabels"]))
+    keeps = {tuple(r["source_labels"]): r["regex"] for r in job["relabel_configs"] if r.get("action") == "keep"}
+    sanitized = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+    assert keeps[(sanitized,)] == monitor["spec"]["selector"]["matchLabels"][label], "selects what the PodMonitor does"
+    assert keeps[("__meta_kubernetes_pod_container_port_name",)] == monitor["spec"]["podMetricsEndpoints"][0]["port"]
+    assert job["job_name"] == "verl"

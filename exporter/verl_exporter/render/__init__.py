@@ -12,9 +12,10 @@ from .kubernetes import render_kubernetes
 from .prometheus import render_prometheus
 from .rules import render_rules
 from .runbook import render_runbook, update_readme
+from .victoriametrics import render_victoriametrics
 
 RENDERERS = (render_rules, render_dashboards, render_alertmanager, render_kubernetes, render_prometheus,
-             render_runbook)
+             render_victoriametrics, render_runbook)
 
 
 def render_all(spec: Spec, root: Path) -> dict[str, str]:
