@@ -184,6 +184,7 @@ def test_sidecar_restart_recovers_latest_values_from_the_tail_with_file_mtime(ma
     lines = [line(s, **{"actor/lr": float(s), "timing_s/gen": 1.0}) for s in range(1, 500)]
     path.write_bytes(b"".join(lines))
     os.utime(path, (1234.0, 1234.0))
+    clock.now = 2000.0
     f.poll()
     assert store.step == 499 and store.value("verl_actor_learning_rate") == 499.0
     parsed = sm.value("verl_exporter_lines_parsed_total", source="file")
@@ -247,3 +248,60 @@ def test_the_thread_survives_unexpected_errors(make, monkeypatch):
         f.stop()
     assert store.step == 1
     assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 1
+
+
+def nan_run(steps: int, nan_steps: set[int]) -> bytes:
+    return b"".join(line(s, **{"actor/grad_norm": None if s in nan_steps else 0.5, "actor/pg_loss": 0.1,
+                               "timing_s/gen": 1.0}) for s in range(1, steps + 1))
+
+
+def test_a_sidecar_restart_rebuilds_the_nan_count_from_the_whole_file(make):
+    # NaNs early in the run (outside the recovered tail) and late (inside it).
+    path, f, store, _, clock = make(recover_bytes=3000)
+    path.write_bytes(nan_run(400, {3, 50, 120, 390, 395, 396, 399}))
+    f.poll()
+    before = store.nonfinite_counts()
+    assert before == {"verl_actor_grad_norm": 7.0}
+    _, restarted, store2, sm2, _ = make(recover_bytes=3000)
+    restarted.poll()
+    assert store2.nonfinite_counts() == before  # not 4: Prometheus would read a reset and 4 new NaNs
+    assert store2.step == 400
+    assert sm2.value("verl_exporter_lines_parsed_total", source="file") < 100  # values still from the tail only
+
+
+@pytest.mark.parametrize("down_minutes", [1, 25])
+def test_a_sidecar_restart_raises_no_nan_alert_in_a_promtool_replay(make, tmp_path, down_minutes):
+    from promreplay import NONFINITE, firing_minutes, nonfinite_alert_exprs, restart_values
+
+    path, f, store, _, _ = make(recover_bytes=3000)
+    path.write_bytes(nan_run(400, {3, 50, 120, 390, 395, 396, 399}))
+    f.poll()
+    before = store.nonfinite_counts()["verl_actor_grad_norm"]
+    _, restarted, store2, _, _ = make(recover_bytes=3000)
+    restarted.poll()
+    after = store2.nonfinite_counts()["verl_actor_grad_norm"]
+    with open(path, "ab") as fh:  # a real NaN after the restart must still fire
+        fh.write(nan_run(1, {1}))
+    restarted.poll()
+    later = store2.nonfinite_counts()["verl_actor_grad_norm"]
+    series = f'{NONFINITE}{{job="verl", instance="n:9477", run="r", rank="0", metric="verl_actor_grad_norm"}}'
+    # 20 quiet minutes after the NaNs, the restart, 30 minutes on the recovered count, then one new NaN.
+    values = restart_values([before] * 20, down_minutes, [after] * 30 + [later] * 5)
+    restart_at, new_nan_at = 20 + down_minutes, 20 + down_minutes + 30
+    expr = nonfinite_alert_exprs()["VerlNonFiniteGradNorm"]
+    fired = firing_minutes(tmp_path, series, values, expr, range(11, len(values)))
+    assert [m for m in fired if m < new_nan_at] == [], f"the restart at minute {restart_at} fired the alert"
+    assert new_nan_at in fired
+
+
+def test_the_nan_count_is_per_file_so_a_restart_after_a_truncation_rebuilds_it(make):
+    path, f, store, _, _ = make()
+    path.write_bytes(nan_run(10, {2, 3}))
+    f.poll()
+    with open(path, "wb") as fh:  # verl restarted: a new file, one NaN so far
+        fh.write(nan_run(4, {4}))
+    f.poll()
+    assert store.nonfinite_counts() == {"verl_actor_grad_norm": 1.0}
+    _, restarted, store2, _, _ = make()
+    restarted.poll()
+    assert store2.nonfinite_counts() == store.nonfinite_counts()
