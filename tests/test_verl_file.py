@@ -305,3 +305,37 @@ def test_the_nan_count_is_per_file_so_a_restart_after_a_truncation_rebuilds_it(m
     _, restarted, store2, _, _ = make()
     restarted.poll()
     assert store2.nonfinite_counts() == store.nonfinite_counts()
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (b'{"step": 2, "data": {"a": ' + b"[" * 2000 + b"]" * 2000 + b"}}\n", "too_deep"),
+    (b'{"step": 2, "data": {"a": 1' + b"0" * 5000 + b"}}\n", "malformed_json"),  # over Python's digit limit
+])
+def test_one_bad_line_costs_only_itself_not_the_rest_of_the_read(make, bad, reason):
+    path, f, store, sm, _ = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}) + bad + line(3, **{"actor/grad_norm": None}) + line(4, x=1.0))
+    f.poll()
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason=reason) == 1
+    assert store.step == 4 and store.nonfinite_counts() == {"verl_actor_grad_norm": 1.0}
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
+
+
+@pytest.mark.parametrize("step,value", [(10**400, 1.0), (5, 10**400)], ids=["step", "value"])
+def test_a_huge_integer_step_or_value_is_rejected_alone(make, step, value):
+    path, f, store, sm, _ = make()
+    huge = json.dumps({"step": step, "data": {"actor/lr": value, "actor/grad_norm": 0.25}}).encode() + b"\n"
+    path.write_bytes(line(1, **{"actor/lr": 1.0}) + huge + line(7, **{"actor/pg_loss": None}))
+    f.poll()
+    assert store.step == 7 and store.nonfinite_counts() == {"verl_actor_pg_loss": 1.0}
+    assert store.value("verl_actor_grad_norm") == 0.25  # the rest of the line is kept
+    rejected = "bad_step" if step != 5 else "out_of_range"
+    assert sm.value("verl_exporter_values_rejected_total", reason=rejected) == 1
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
+
+
+def test_a_file_from_the_future_does_not_make_the_recovered_step_recent(make):
+    path, f, store, _, clock = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    os.utime(path, (clock.now + 7200, clock.now + 7200))  # a shared file system whose clock runs ahead
+    f.poll()
+    assert store.step_time == clock.now
