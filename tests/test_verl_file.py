@@ -339,3 +339,28 @@ def test_a_file_from_the_future_does_not_make_the_recovered_step_recent(make):
     os.utime(path, (clock.now + 7200, clock.now + 7200))  # a shared file system whose clock runs ahead
     f.poll()
     assert store.step_time == clock.now
+
+
+def test_a_file_rewritten_then_rotated_between_polls_is_read_from_its_new_start(make):
+    path, f, store, sm, _ = make()
+    path.write_bytes(b"".join(line(s, **{"actor/lr": float(s)}) for s in range(1, 6)))
+    f.poll()
+    with open(path, "wb") as fh:  # verl restarted and rewrote the file ...
+        fh.write(line(1, **{"actor/lr": 0.5}))
+    os.rename(path, str(path) + ".1")  # ... which was then rotated away before our next poll
+    f.poll()
+    assert store.value("verl_actor_learning_rate") == 0.5
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
+
+
+def test_a_file_rewritten_to_exactly_the_size_we_had_read_is_detected(make):
+    path, f, store, sm, _ = make()
+    first = line(1, **{"actor/lr": 1.0})
+    path.write_bytes(first)
+    f.poll()
+    rewritten = line(2, **{"actor/lr": 2.0})
+    assert len(rewritten) == len(first)
+    path.write_bytes(rewritten)
+    f.poll()
+    assert store.step == 2 and store.value("verl_actor_learning_rate") == 2.0
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1

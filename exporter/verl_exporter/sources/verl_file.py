@@ -104,7 +104,8 @@ class VerlFileFollower:
             st = os.stat(self.path)
         except FileNotFoundError:
             if self._fd is not None:  # rotated away: finish what the old file holds, then wait
-                self._read_available()
+                with contextlib.suppress(OSError):
+                    self._finish()
                 self._close()
             self._ok("waiting")
             return
@@ -126,17 +127,25 @@ class VerlFileFollower:
     def _follow(self, st: os.stat_result) -> None:
         ident = (st.st_dev, st.st_ino)
         if self._fd is not None and ident != self._ident:
-            self._read_available()
+            self._finish()
             self._close()
             self._reset("replaced")
         if self._fd is None:
             self._open(ident, st.st_size)
-        if st.st_size < self._offset or not self._same_head(st.st_size):
-            self._reset("truncated")
+        self._check_truncated(st.st_size)
         recovering = self._first_open
         self._first_open = False
         # A file written on a host whose clock runs ahead must not make the recovered step look recent.
         self._read_available(seen_at=min(st.st_mtime, self._clock()) if recovering else None)
+
+    def _finish(self) -> None:
+        """Read the rest of a file that was rotated away (it may have been rewritten first)."""
+        self._check_truncated(os.fstat(self._fd).st_size)
+        self._read_available()
+
+    def _check_truncated(self, size: int) -> None:
+        if size < self._offset or not self._same_head(size):
+            self._reset("truncated")
 
     def _open(self, ident: tuple[int, int], size: int) -> None:
         self._fd = os.open(self.path, os.O_RDONLY)
@@ -167,8 +176,9 @@ class VerlFileFollower:
         self._ident = None
 
     def _same_head(self, size: int) -> bool:
-        """False when the start of the file changed since we read it: truncated and rewritten."""
-        if size <= self._offset:
+        """False when the start of the file changed since we read it: truncated and rewritten (also to
+        exactly the size we had read, so this reads the head on every poll: 256 bytes)."""
+        if size == 0:
             return True
         current = os.pread(self._fd, _HEAD, 0)
         if not current.startswith(self._head):
