@@ -154,19 +154,21 @@ class TrainingStore:
 
     def _resolve(self, key: str) -> Resolved | None | str:
         """The spec entry a key feeds (None: unmapped), or the reason it is too long to export."""
-        if len(key) > MAX_KEY_LENGTH:
+        length = len(key)
+        if length > MAX_KEY_LENGTH:
             return "key_too_long"
         resolved = self._mapper.resolve(key)
-        if resolved is not None and any(len(v) > MAX_LABEL_LENGTH for v in resolved.label_values):
+        # A label value is part of its key: only a long key can hold a long one (keeps the hot path short).
+        if length > MAX_LABEL_LENGTH and resolved and any(len(v) > MAX_LABEL_LENGTH for v in resolved.label_values):
             return "label_too_long"
         return resolved
 
     def _put(self, key: str, value: float) -> None:
-        resolved = self._resolve(key)
-        if isinstance(resolved, str):
+        resolved = self._mapper.resolve(key) if len(key) <= MAX_LABEL_LENGTH else self._resolve(key)
+        if resolved.__class__ is str:
             self._self.inc("verl_exporter_values_rejected_total", reason=resolved)
             return
-        if _nonfinite(value):
+        if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
             # Counted before any cap, and under a name that depends on the key alone, so that the count
             # can be rebuilt from the file after a restart (see count_nonfinite).
             self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))

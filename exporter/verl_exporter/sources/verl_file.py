@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import stat
 import threading
 import time
@@ -36,8 +35,11 @@ DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 DEFAULT_RECOVER_BYTES = 8 * 1024 * 1024
 _CHUNK = 1024 * 1024
 _HEAD = 256  # bytes of the file's start kept to recognise a truncate-and-rewrite
-# What a line holding a NaN or Inf contains: null (orjson), NaN/Infinity (json), an overflowing float.
-_MAY_BE_NONFINITE = re.compile(rb"null|NaN|Infinity|[eE]\+?\d{3}|\d{300}")
+# What a line holding a NaN or Inf contains: null (orjson), NaN or Infinity (json), or a float literal
+# with a 3-digit exponent (1e999 reads as Inf). Substring searches: several times faster than a regex.
+_NONFINITE_WORDS = (b"null", b"NaN", b"Infinity")
+_ZERO_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_HUGE_EXPONENTS = (b"0e000", b"0e+000", b"0E000", b"0E+000")
 
 
 class VerlFileFollower:
@@ -200,7 +202,7 @@ class VerlFileFollower:
             if len(pending) > self._max_line:
                 pending = b""  # a line too long to be parsed: its rest is skipped like any part
             for piece in lines:
-                if len(piece) <= self._max_line and _MAY_BE_NONFINITE.search(piece):
+                if len(piece) <= self._max_line and _may_be_nonfinite(piece):
                     self._count_line(piece)
 
     def _count_line(self, line: bytes) -> None:
@@ -294,3 +296,10 @@ class VerlFileFollower:
     def _reject(self, reason: str) -> None:
         self._self.inc("verl_exporter_lines_rejected_total", source=SOURCE, reason=reason)
         self._self.problem(COMPONENT, reason, f"rejected a line of {self.path}: {reason}", count=False)
+
+
+def _may_be_nonfinite(line: bytes) -> bool:
+    if any(word in line for word in _NONFINITE_WORDS):
+        return True
+    zeroed = line.translate(_ZERO_DIGITS)
+    return any(pattern in zeroed for pattern in _HUGE_EXPONENTS)
