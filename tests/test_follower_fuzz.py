@@ -186,3 +186,23 @@ def check(follower: VerlFileFollower, store: TrainingStore, sm: SelfMetrics, mod
     rejected = sum(v for k, v in sm.snapshot()["verl_exporter_lines_rejected_total"].items())
     assert parsed == model.counts["parsed"]
     assert model.counts["rejected"] <= rejected <= model.counts["rejected"] + model.early_rejects()
+
+
+def test_promtool_accepts_what_is_served_after_every_kind_of_bad_input(tmp_path):
+    import subprocess
+
+    from conftest import require_tool
+
+    promtool = require_tool("promtool")
+    sm = SelfMetrics(SPEC, {"run": "r", "rank": "0"})
+    store = TrainingStore(SPEC, sm, {"run": "r", "rank": "0"}, max_unmapped=MAX_UNMAPPED)
+    path = tmp_path / "run.jsonl"
+    follower = VerlFileFollower(str(path), store, sm, max_line_bytes=MAX_LINE)
+    bad = [b"[" * 3000, b"z" * (MAX_LINE + 5), b"\xff\xfe", b'{"step": 1e308, "data": {"a": 1' + b"0" * 400 + b"}}",
+           b'{"step": -5, "data": {"odd\\n\\"key": null, "' + b"k" * 300 + b'": 1}}',
+           json.dumps({"step": 2, "data": {key: None for key in KEYS}}).encode()]
+    path.write_bytes(b"\n".join(bad) + b"\n")
+    follower.poll()
+    text = served_text(store, sm)
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
