@@ -530,6 +530,13 @@ def test_collector_latest_step_and_time_come_from_the_tracker(tmp_path):
     assert got["verl_checkpoint_kept"] == 3
 
 
+def test_collector_latest_time_is_never_in_the_future(tmp_path):
+    make_checkpoint(tmp_path, 10)
+    os.utime(tmp_path / TRACKER_NAME, (T0 + 7200, T0 + 7200))  # written by a host whose clock runs ahead
+    got = fast(CheckpointCollector(make_ctx(tmp_path)))
+    assert got["verl_checkpoint_latest_timestamp_seconds"] == T0
+
+
 def test_collector_without_tracker_prefers_the_newest_folder_with_a_manifest(tmp_path):
     for step in (10, 20, 30):
         set_times(make_checkpoint(tmp_path, step, tracker=False), T0 - 1000 + step)

@@ -125,3 +125,24 @@ def test_fast_exposition_matches_client_python():
     registry.register(sampler)
     assert sampler.render() == generate_latest(registry).decode()
     assert sampler.render(openmetrics=True) + "# EOF\n" == generate_openmetrics(registry).decode()
+
+
+def test_dropped_series_are_counted_once_per_sample_not_per_scrape():
+    ctx = make_context(None)
+    cap = ctx.spec["verl_host_network_bytes_total"].max_series
+
+    class Many(Collector):
+        name = "network"
+
+        def sample(self):
+            return [("verl_host_network_bytes_total", {"interface": f"eth{i}", "direction": "receive"}, 1.0)
+                    for i in range(cap + 5)]
+
+    sampler = Sampler([Many(ctx)], ctx.spec, ctx.self_metrics)
+    sampler.run_once(sampler.collectors[0])
+    for _ in range(3):  # three scrapes (or two HA Prometheus servers) of one sample
+        sampler.render()
+        list(sampler.collect())
+    assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 5
+    sampler.run_once(sampler.collectors[0])
+    assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 10

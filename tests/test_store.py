@@ -129,3 +129,40 @@ def test_non_string_keys_are_exported_under_their_text(parts):
     store.ingest(1, {7: 1.5, ("a", "b"): 2.0}, 1.0)
     assert store.value("verl_unmapped_7") == 1.5
     assert store.value("verl_unmapped_a_b") == 2.0
+
+
+@pytest.mark.parametrize("step", [-5, 2.5, 1e308, float("nan"), 10**400, True, "3"],
+                         ids=["negative", "fraction", "1e308", "nan", "400_digits", "bool", "string"])
+def test_a_step_that_is_not_a_non_negative_integer_is_rejected(parts, step):
+    store, sm, _ = parts
+    store.ingest(4, {"actor/lr": 1.0}, 100.0)
+    store.ingest(step, {"actor/lr": 2.0}, 200.0)
+    assert store.step == 4 and store.step_time == 100.0
+    assert sm.value("verl_exporter_values_rejected_total", reason="bad_step") == 1
+    assert store.value("verl_actor_learning_rate") == 2.0
+
+
+def test_huge_unknown_keys_and_label_values_are_rejected_and_counted(parts):
+    store, sm, registry = parts
+    for i in range(20):
+        store.ingest(i, {f"k{i}" + "x" * 1_000_000: 1.0, "val-core/" + "d" * 5000 + "/reward/mean@1": 0.5,
+                         "actor/lr": 0.1}, float(i))
+    text = generate_latest(registry).decode()
+    assert len(text) < 20_000
+    assert sm.value("verl_exporter_values_rejected_total", reason="key_too_long") == 40
+    assert store.value("verl_actor_learning_rate") == 0.1
+    store.ingest(21, {"val-core/" + "d" * 200 + "/reward/mean@1": 0.5}, 21.0)
+    assert sm.value("verl_exporter_values_rejected_total", reason="label_too_long") == 1
+
+
+def test_the_longest_accepted_names_keep_a_scrape_bounded(parts):
+    # Every cap at its limit: max_unmapped series of the longest key, and a free-form label family full.
+    store, _, registry = parts
+    from verl_exporter.mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH
+
+    for i in range(1000):
+        name = f"{i:04d}" + "u" * (MAX_KEY_LENGTH - 4)
+        label = f"{i:04d}" + "d" * (MAX_LABEL_LENGTH - 4)
+        store.ingest(i, {name: 1.0, f"val-core/{label}/reward/mean@1": 0.5}, float(i))
+    text = generate_latest(registry).decode()
+    assert len(text) < 200_000

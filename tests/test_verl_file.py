@@ -184,6 +184,7 @@ def test_sidecar_restart_recovers_latest_values_from_the_tail_with_file_mtime(ma
     lines = [line(s, **{"actor/lr": float(s), "timing_s/gen": 1.0}) for s in range(1, 500)]
     path.write_bytes(b"".join(lines))
     os.utime(path, (1234.0, 1234.0))
+    clock.now = 2000.0
     f.poll()
     assert store.step == 499 and store.value("verl_actor_learning_rate") == 499.0
     parsed = sm.value("verl_exporter_lines_parsed_total", source="file")
@@ -247,3 +248,119 @@ def test_the_thread_survives_unexpected_errors(make, monkeypatch):
         f.stop()
     assert store.step == 1
     assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 1
+
+
+def nan_run(steps: int, nan_steps: set[int]) -> bytes:
+    return b"".join(line(s, **{"actor/grad_norm": None if s in nan_steps else 0.5, "actor/pg_loss": 0.1,
+                               "timing_s/gen": 1.0}) for s in range(1, steps + 1))
+
+
+def test_a_sidecar_restart_rebuilds_the_nan_count_from_the_whole_file(make):
+    # NaNs early in the run (outside the recovered tail) and late (inside it).
+    path, f, store, _, clock = make(recover_bytes=3000)
+    path.write_bytes(nan_run(400, {3, 50, 120, 390, 395, 396, 399}))
+    f.poll()
+    before = store.nonfinite_counts()
+    assert before == {"verl_actor_grad_norm": 7.0}
+    _, restarted, store2, sm2, _ = make(recover_bytes=3000)
+    restarted.poll()
+    assert store2.nonfinite_counts() == before  # not 4: Prometheus would read a reset and 4 new NaNs
+    assert store2.step == 400
+    assert sm2.value("verl_exporter_lines_parsed_total", source="file") < 100  # values still from the tail only
+
+
+@pytest.mark.parametrize("down_minutes", [1, 25])
+def test_a_sidecar_restart_raises_no_nan_alert_in_a_promtool_replay(make, tmp_path, down_minutes):
+    from promreplay import NONFINITE, firing_minutes, nonfinite_alert_exprs, restart_values
+
+    path, f, store, _, _ = make(recover_bytes=3000)
+    path.write_bytes(nan_run(400, {3, 50, 120, 390, 395, 396, 399}))
+    f.poll()
+    before = store.nonfinite_counts()["verl_actor_grad_norm"]
+    _, restarted, store2, _, _ = make(recover_bytes=3000)
+    restarted.poll()
+    after = store2.nonfinite_counts()["verl_actor_grad_norm"]
+    with open(path, "ab") as fh:  # a real NaN after the restart must still fire
+        fh.write(nan_run(1, {1}))
+    restarted.poll()
+    later = store2.nonfinite_counts()["verl_actor_grad_norm"]
+    series = f'{NONFINITE}{{job="verl", instance="n:9477", run="r", rank="0", metric="verl_actor_grad_norm"}}'
+    # 20 quiet minutes after the NaNs, the restart, 30 minutes on the recovered count, then one new NaN.
+    values = restart_values([before] * 20, down_minutes, [after] * 30 + [later] * 5)
+    restart_at, new_nan_at = 20 + down_minutes, 20 + down_minutes + 30
+    expr = nonfinite_alert_exprs()["VerlNonFiniteGradNorm"]
+    fired = firing_minutes(tmp_path, series, values, expr, range(11, len(values)))
+    assert [m for m in fired if m < new_nan_at] == [], f"the restart at minute {restart_at} fired the alert"
+    assert new_nan_at in fired
+
+
+def test_the_nan_count_is_per_file_so_a_restart_after_a_truncation_rebuilds_it(make):
+    path, f, store, _, _ = make()
+    path.write_bytes(nan_run(10, {2, 3}))
+    f.poll()
+    with open(path, "wb") as fh:  # verl restarted: a new file, one NaN so far
+        fh.write(nan_run(4, {4}))
+    f.poll()
+    assert store.nonfinite_counts() == {"verl_actor_grad_norm": 1.0}
+    _, restarted, store2, _, _ = make()
+    restarted.poll()
+    assert store2.nonfinite_counts() == store.nonfinite_counts()
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (b'{"step": 2, "data": {"a": ' + b"[" * 2000 + b"]" * 2000 + b"}}\n", "too_deep"),
+    (b'{"step": 2, "data": {"a": 1' + b"0" * 5000 + b"}}\n", "malformed_json"),  # over Python's digit limit
+])
+def test_one_bad_line_costs_only_itself_not_the_rest_of_the_read(make, bad, reason):
+    path, f, store, sm, _ = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}) + bad + line(3, **{"actor/grad_norm": None}) + line(4, x=1.0))
+    f.poll()
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason=reason) == 1
+    assert store.step == 4 and store.nonfinite_counts() == {"verl_actor_grad_norm": 1.0}
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
+
+
+@pytest.mark.parametrize("step,value", [(10**400, 1.0), (5, 10**400)], ids=["step", "value"])
+def test_a_huge_integer_step_or_value_is_rejected_alone(make, step, value):
+    path, f, store, sm, _ = make()
+    huge = json.dumps({"step": step, "data": {"actor/lr": value, "actor/grad_norm": 0.25}}).encode() + b"\n"
+    path.write_bytes(line(1, **{"actor/lr": 1.0}) + huge + line(7, **{"actor/pg_loss": None}))
+    f.poll()
+    assert store.step == 7 and store.nonfinite_counts() == {"verl_actor_pg_loss": 1.0}
+    assert store.value("verl_actor_grad_norm") == 0.25  # the rest of the line is kept
+    rejected = "bad_step" if step != 5 else "out_of_range"
+    assert sm.value("verl_exporter_values_rejected_total", reason=rejected) == 1
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
+
+
+def test_a_file_from_the_future_does_not_make_the_recovered_step_recent(make):
+    path, f, store, _, clock = make()
+    path.write_bytes(line(1, **{"actor/lr": 1.0}))
+    os.utime(path, (clock.now + 7200, clock.now + 7200))  # a shared file system whose clock runs ahead
+    f.poll()
+    assert store.step_time == clock.now
+
+
+def test_a_file_rewritten_then_rotated_between_polls_is_read_from_its_new_start(make):
+    path, f, store, sm, _ = make()
+    path.write_bytes(b"".join(line(s, **{"actor/lr": float(s)}) for s in range(1, 6)))
+    f.poll()
+    with open(path, "wb") as fh:  # verl restarted and rewrote the file ...
+        fh.write(line(1, **{"actor/lr": 0.5}))
+    os.rename(path, str(path) + ".1")  # ... which was then rotated away before our next poll
+    f.poll()
+    assert store.value("verl_actor_learning_rate") == 0.5
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
+
+
+def test_a_file_rewritten_to_exactly_the_size_we_had_read_is_detected(make):
+    path, f, store, sm, _ = make()
+    first = line(1, **{"actor/lr": 1.0})
+    path.write_bytes(first)
+    f.poll()
+    rewritten = line(2, **{"actor/lr": 2.0})
+    assert len(rewritten) == len(first)
+    path.write_bytes(rewritten)
+    f.poll()
+    assert store.step == 2 and store.value("verl_actor_learning_rate") == 2.0
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from .spec import UNMAPPED_PREFIX, MetricSpec, Spec
 
 _CACHE_LIMIT = 20_000
+# Longest verl key and label value exported. Real keys are under 100 characters; a longer one would be
+# exported verbatim as a name (and in HELP) and cached here, so a few huge keys could swell every scrape.
+MAX_KEY_LENGTH = 256
+MAX_LABEL_LENGTH = 128
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_]+")
 
 

@@ -15,13 +15,15 @@ from typing import Any
 
 from .exposition import FamilyRenderer
 from .families import family
-from .mapper import KeyMapper, unmapped_name
+from .mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH, KeyMapper, Resolved, unmapped_name
 from .selfmetrics import SelfMetrics
 from .spec import MetricSpec, Spec
 
 DEFAULT_MAX_UNMAPPED = 100
 # Deeper nesting than this in a logged dict is not flattened further (a guard against cycles and abuse).
 _MAX_DEPTH = 8
+# verl's steps are non-negative integers; above 2**53 a float no longer holds every integer.
+_MAX_STEP = 2**53
 
 
 def flatten(data: Mapping, prefix: str = "", depth: int = 1) -> Iterator[tuple[str, Any]]:
@@ -44,7 +46,10 @@ def as_number(value: Any) -> float | str:
     if isinstance(value, float):
         return value
     if isinstance(value, (bool, int)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            return "out_of_range"
     if isinstance(value, str):
         return "string"
     if isinstance(value, (list, tuple)):
@@ -55,9 +60,24 @@ def as_number(value: Any) -> float | str:
     if hasattr(value, "__float__"):
         try:
             return float(value)
+        except OverflowError:
+            return "out_of_range"
         except (TypeError, ValueError, RuntimeError):
             return "not_a_scalar"
     return "other"
+
+
+def as_step(step: Any) -> float | None:
+    """The step as a float, or None when it is not a non-negative integer (verl's steps are)."""
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        return None
+    if isinstance(step, float) and not step.is_integer():  # also NaN and Inf
+        return None
+    return float(step) if 0 <= step < _MAX_STEP else None
+
+
+def _nonfinite(value: float) -> bool:
+    return value != value or value in (math.inf, -math.inf)  # without a function call: the hot path
 
 
 class TrainingStore:
@@ -96,13 +116,34 @@ class TrainingStore:
                         self._put_raw(sub_key, sub_raw)
                 else:
                     self._put_raw(key, raw)
-            if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
-                if float(step) != self._step:
+            valid = as_step(step)
+            if valid is not None:
+                if valid != self._step:
                     self._step_times.append(seen_at)
-                self._step = float(step)
+                self._step = valid
                 self._step_time = seen_at
             elif step is not None:
                 self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
+
+    def count_nonfinite(self, data: Mapping) -> None:
+        """Count the NaN/Inf values of a logged step without exporting its values.
+
+        For the part of the file before the tail a restarted sidecar recovers from: the NaN counter is a
+        function of the whole file, so a restart shows Prometheus the same count, not a reset.
+        """
+        with self._lock:
+            for key, raw in flatten(data):
+                value = as_number(raw)
+                if not isinstance(value, str) and _nonfinite(value):
+                    key = str(key)
+                    resolved = self._resolve(key)
+                    if not isinstance(resolved, str):
+                        self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+
+    def reset_nonfinite(self) -> None:
+        """Forget the NaN counts: the followed file was truncated or replaced (counts are per file)."""
+        with self._lock:
+            self._nonfinite.clear()
 
     def _put_raw(self, key: Any, raw: Any) -> None:
         value = as_number(raw)
@@ -111,47 +152,59 @@ class TrainingStore:
         else:
             self._put(str(key), value)
 
-    def _put(self, key: str, value: float) -> None:
+    def _resolve(self, key: str) -> Resolved | None | str:
+        """The spec entry a key feeds (None: unmapped), or the reason it is too long to export."""
+        length = len(key)
+        if length > MAX_KEY_LENGTH:
+            return "key_too_long"
         resolved = self._mapper.resolve(key)
+        # A label value is part of its key: only a long key can hold a long one (keeps the hot path short).
+        if length > MAX_LABEL_LENGTH and resolved and any(len(v) > MAX_LABEL_LENGTH for v in resolved.label_values):
+            return "label_too_long"
+        return resolved
+
+    def _put(self, key: str, value: float) -> None:
+        resolved = self._mapper.resolve(key) if len(key) <= MAX_LABEL_LENGTH else self._resolve(key)
+        if resolved.__class__ is str:
+            self._self.inc("verl_exporter_values_rejected_total", reason=resolved)
+            return
+        if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
+            # Counted before any cap, and under a name that depends on the key alone, so that the count
+            # can be rebuilt from the file after a restart (see count_nonfinite).
+            self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
         if resolved is None:
             self._self.inc("verl_exporter_unmapped_values_total")
-            name = self._put_unmapped(key, value)
-        else:
-            name = resolved.metric.name
-            series = self._series.get(name)
-            if series is None:
-                series = self._series[name] = {}
-            labels = resolved.label_values
-            if labels not in series and len(series) >= resolved.metric.max_series:
-                self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
-                return
-            series[labels] = value * resolved.scale if resolved.scale != 1.0 else value
-        if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
-            self._count_nonfinite(name)
-
-    def _count_nonfinite(self, name: str | None) -> None:
-        if name is None:
+            self._put_unmapped(key, value)
             return
+        series = self._series.get(resolved.metric.name)
+        if series is None:
+            series = self._series[resolved.metric.name] = {}
+        labels = resolved.label_values
+        if labels not in series and len(series) >= resolved.metric.max_series:
+            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+            return
+        series[labels] = value * resolved.scale if resolved.scale != 1.0 else value
+
+    def _count_nonfinite(self, name: str) -> None:
         if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_metric.max_series:
             self._nonfinite[name] = self._nonfinite.get(name, 0.0) + 1.0
         else:
             self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
 
-    def _put_unmapped(self, key: str, value: float) -> str | None:
+    def _put_unmapped(self, key: str, value: float) -> None:
         name = unmapped_name(key)
         known = self._unmapped.get(name)
         if known is None:
             if len(self._unmapped) >= self._max_unmapped:
                 self._self.inc("verl_exporter_series_dropped_total", reason="unmapped_cap")
-                return None
+                return
         elif known[0] != key:
             # Two keys that sanitise to one name ("a/b" and "a.b"): the first one keeps it.
             self._self.inc("verl_exporter_series_dropped_total", reason="name_clash")
-            return None
+            return
         self._unmapped[name] = (key, value)
         if known is None:  # a new series: the only time the count changes
             self._self.set("verl_exporter_unmapped_series", len(self._unmapped))
-        return name
 
     # ------------------------------------------------------------------ reading
     @property

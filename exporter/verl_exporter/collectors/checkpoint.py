@@ -82,8 +82,8 @@ class CheckpointCollector(Collector):
         if latest is not None:
             out.append(("verl_checkpoint_latest_step", {}, float(latest[0])))
             written = _mtime(tracker_path(self.root)) if tracked is not None else _mtime(latest[1])
-            if written is not None:
-                out.append(("verl_checkpoint_latest_timestamp_seconds", {}, written))
+            if written is not None:  # never in the future (a shared file system's clock may run ahead)
+                out.append(("verl_checkpoint_latest_timestamp_seconds", {}, min(written, self.ctx.clock())))
         out.append(("verl_checkpoint_incomplete", {}, 1.0 if self._unfinished(checkpoints, tracked) else 0.0))
         return out
 

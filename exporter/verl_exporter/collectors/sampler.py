@@ -36,8 +36,9 @@ class Sampler:
         self._renderer = FamilyRenderer(self._const)
         self._interval = interval
         self._slow_interval = slow_interval
-        # collector name -> (fast rows, slow rows) as {metric: {label values: value}}; replaced whole, never mutated
-        self._latest: dict[str, tuple[dict, dict]] = {c.name: ({}, {}) for c in self.collectors}
+        # collector name -> (fast rows, slow rows, both merged under the caps) as {metric: {label values: value}};
+        # replaced whole, never mutated
+        self._latest: dict[str, tuple[dict, dict, dict]] = {c.name: ({}, {}, {}) for c in self.collectors}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -50,7 +51,7 @@ class Sampler:
 
     def add(self, c: Collector) -> None:
         """Add a collector, also while running (e.g. Monitor.grad_watch() after start)."""
-        self._latest[c.name] = ({}, {})
+        self._latest[c.name] = ({}, {}, {})
         self.collectors.append(c)
         if self._started:
             self._start_thread(c)
@@ -85,7 +86,7 @@ class Sampler:
         try:
             fast = self._group(c.name, c.sample())
             slow_rows = self._group(c.name, c.sample_slow()) if slow else self._latest[c.name][1]
-            self._latest[c.name] = (fast, slow_rows)
+            self._latest[c.name] = (fast, slow_rows, self._capped(fast, slow_rows))
             ok = True
         except Exception as e:
             self._self.problem(c.name, "sample", f"sample failed: {e!r}")
@@ -111,25 +112,31 @@ class Sampler:
             out.setdefault(metric_name, {})[key] = value
         return out
 
+    def _capped(self, *parts: dict, count: bool = True) -> dict[str, dict[tuple[str, ...], float]]:
+        """The parts merged by spec entry, each capped by its max_series; what is dropped is counted once
+        per sample (never on the scrape path, where every scrape and every HA replica would count it again)."""
+        by_metric: dict[str, dict[tuple[str, ...], float]] = {}
+        for part in parts:
+            for metric_name, rows in part.items():
+                series = by_metric.get(metric_name)
+                if series is None:
+                    by_metric[metric_name] = series = {}
+                cap = self._spec[metric_name].max_series
+                if len(series) + len(rows) <= cap:
+                    series.update(rows)
+                    continue
+                for key, value in rows.items():
+                    if key in series or len(series) < cap:
+                        series[key] = value
+                    elif count:
+                        self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+        return by_metric
+
     # ------------------------------------------------------------------ scrape side
     def families(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
         """The latest samples of every collector, grouped by spec entry and capped by its max_series."""
-        by_metric: dict[str, dict[tuple[str, ...], float]] = {}
-        for fast, slow in list(self._latest.values()):
-            for part in (fast, slow):
-                for metric_name, rows in part.items():
-                    series = by_metric.get(metric_name)
-                    if series is None:
-                        by_metric[metric_name] = series = {}
-                    cap = self._spec[metric_name].max_series
-                    if len(series) + len(rows) <= cap:
-                        series.update(rows)
-                        continue
-                    for key, value in rows.items():
-                        if key in series or len(series) < cap:
-                            series[key] = value
-                        else:
-                            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+        # Each spec entry belongs to one collector, so this merge finds nothing new to drop; it counts nothing.
+        by_metric = self._capped(*(merged for _, _, merged in list(self._latest.values())), count=False)
         return [(self._spec[name], by_metric[name]) for name in sorted(by_metric)]
 
     def collect(self):

@@ -13,6 +13,7 @@ from ..spec import MetricSpec, Spec
 from ..spec.rules import Alert, duration_seconds
 
 NONFINITE = "verl_training_nonfinite_values_total"
+NONFINITE_MEMORY = "1d"  # how far back a restarted sidecar's NaN count is compared
 # Labels a sidecar's series carry besides the metric's own: Prometheus's target labels and the sidecar's.
 TARGET_LABELS = ("job", "instance")
 # Cross-rank aggregation drops what differs between ranks of one run.
@@ -78,8 +79,12 @@ def alert_expr(alert: Alert, sel: str) -> str:
     if alert.kind == "nonfinite":
         counter = vector(NONFINITE, sel, f'metric="{alert.metric}"')
         w = alert.window if alert.window != "30m" else "10m"
-        # A counter born in the window (its first NaN) has no increase() yet: catch it with unless/offset.
-        return f"increase({counter}[{w}]) > 0 or ({counter} unless {counter} offset {w}) > 0"
+        # The sidecar rebuilds this counter from the file after a restart, so a value that differs from the
+        # last one before a gap (a sidecar down for longer than w) means NaNs logged in the gap; the same
+        # value means none, and must not page. A counter never seen before is born with its first NaN.
+        before = f"last_over_time({counter}[{NONFINITE_MEMORY}] offset {w})"
+        return (f"increase({counter}[{w}]) > 0 or ({counter} != {before}) > 0"
+                f" or ({counter} unless {before}) > 0")
     if alert.kind == "adaptive":
         w, lag = alert.window, adaptive_lag(alert)
         x = vector(alert.metric, sel, m)

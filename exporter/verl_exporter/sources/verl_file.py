@@ -9,7 +9,10 @@ What the follower copes with, because verl and real file systems do it:
 - a partial last line still being written: kept until its newline arrives;
 - malformed lines, non-object lines, very long lines: rejected and counted by reason, memory bounded;
 - a sidecar restart: the latest values are recovered from the file's tail (not replayed from step 0), and
-  the step time of recovered lines is the file's mtime, so a dead trainer does not look freshly alive.
+  the step time of recovered lines is the file's mtime (never later than now: clocks of a shared file
+  system drift), so a dead trainer does not look freshly alive. The NaN counter is the number of NaNs in
+  the file followed, rebuilt from the whole file after a restart (only lines that can hold a NaN are
+  parsed), so that Prometheus sees the same count again rather than a reset that looks like new NaNs.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 DEFAULT_RECOVER_BYTES = 8 * 1024 * 1024
 _CHUNK = 1024 * 1024
 _HEAD = 256  # bytes of the file's start kept to recognise a truncate-and-rewrite
+# What a line holding a NaN or Inf contains: null (orjson), NaN or Infinity (json), or a float literal
+# with a 3-digit exponent (1e999 reads as Inf). Substring searches: several times faster than a regex.
+_NONFINITE_WORDS = (b"null", b"NaN", b"Infinity")
+_ZERO_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_HUGE_EXPONENTS = (b"0e000", b"0e+000", b"0E000", b"0E+000")
 
 
 class VerlFileFollower:
@@ -98,7 +106,8 @@ class VerlFileFollower:
             st = os.stat(self.path)
         except FileNotFoundError:
             if self._fd is not None:  # rotated away: finish what the old file holds, then wait
-                self._read_available()
+                with contextlib.suppress(OSError):
+                    self._finish()
                 self._close()
             self._ok("waiting")
             return
@@ -120,16 +129,25 @@ class VerlFileFollower:
     def _follow(self, st: os.stat_result) -> None:
         ident = (st.st_dev, st.st_ino)
         if self._fd is not None and ident != self._ident:
-            self._read_available()
+            self._finish()
             self._close()
             self._reset("replaced")
         if self._fd is None:
             self._open(ident, st.st_size)
-        if st.st_size < self._offset or not self._same_head(st.st_size):
-            self._reset("truncated")
+        self._check_truncated(st.st_size)
         recovering = self._first_open
         self._first_open = False
-        self._read_available(seen_at=st.st_mtime if recovering else None)
+        # A file written on a host whose clock runs ahead must not make the recovered step look recent.
+        self._read_available(seen_at=min(st.st_mtime, self._clock()) if recovering else None)
+
+    def _finish(self) -> None:
+        """Read the rest of a file that was rotated away (it may have been rewritten first)."""
+        self._check_truncated(os.fstat(self._fd).st_size)
+        self._read_available()
+
+    def _check_truncated(self, size: int) -> None:
+        if size < self._offset or not self._same_head(size):
+            self._reset("truncated")
 
     def _open(self, ident: tuple[int, int], size: int) -> None:
         self._fd = os.open(self.path, os.O_RDONLY)
@@ -139,9 +157,18 @@ class VerlFileFollower:
         self._skipping = False
         self._head = os.pread(self._fd, _HEAD, 0)
         if self._first_open and size > self._recover:
-            # Sidecar restart on a long run: only the tail matters for the latest values.
-            self._offset = size - self._recover
-            self._skipping = True  # the first (partial) line of the tail is not a whole line
+            # Sidecar restart on a long run: only the tail matters for the latest values. It starts
+            # after the first newline of its window (a line longer than max_line_bytes is skipped).
+            start = size - self._recover
+            window = os.pread(self._fd, self._max_line + 1, start - 1)
+            nl = window.find(b"\n")
+            if nl < 0:
+                self._offset, self._skipping = start, True
+            else:
+                self._offset = start + nl
+        self._store.reset_nonfinite()  # the count is per file: a restart rebuilds the same number
+        if self._offset:
+            self._count_nonfinite_before(self._offset)
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -151,8 +178,9 @@ class VerlFileFollower:
         self._ident = None
 
     def _same_head(self, size: int) -> bool:
-        """False when the start of the file changed since we read it: truncated and rewritten."""
-        if size <= self._offset:
+        """False when the start of the file changed since we read it: truncated and rewritten (also to
+        exactly the size we had read, so this reads the head on every poll: 256 bytes)."""
+        if size == 0:
             return True
         current = os.pread(self._fd, _HEAD, 0)
         if not current.startswith(self._head):
@@ -160,8 +188,34 @@ class VerlFileFollower:
         self._head = current  # grows to _HEAD bytes as the first line is written
         return True
 
+    def _count_nonfinite_before(self, end: int) -> None:
+        """Count the NaNs of the lines before the recovered tail."""
+        pending = b""
+        offset = 0
+        while offset < end:
+            chunk = os.pread(self._fd, min(_CHUNK, end - offset), offset)
+            if not chunk:
+                return
+            offset += len(chunk)
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            if len(pending) > self._max_line:
+                pending = b""  # a line too long to be parsed: its rest is skipped like any part
+            for piece in lines:
+                if len(piece) <= self._max_line and _may_be_nonfinite(piece):
+                    self._count_line(piece)
+
+    def _count_line(self, line: bytes) -> None:
+        try:
+            obj = json.loads(line)
+            if isinstance(obj, Mapping) and isinstance(obj.get("data"), Mapping):
+                self._store.count_nonfinite(obj["data"])
+        except (ValueError, RecursionError):
+            pass  # the live follower rejected (and counted) it when it was written
+
     def _reset(self, reason: str) -> None:
         self._self.inc("verl_exporter_source_resets_total", reason=reason)
+        self._store.reset_nonfinite()
         self._offset = 0
         self._buf.clear()
         self._skipping = False
@@ -218,8 +272,11 @@ class VerlFileFollower:
             return
         try:
             obj = json.loads(line)
-        except ValueError:  # also UnicodeDecodeError
+        except ValueError:  # also UnicodeDecodeError and an integer over Python's digit limit
             self._reject("malformed_json")
+            return
+        except RecursionError:  # nested thousands deep
+            self._reject("too_deep")
             return
         if not isinstance(obj, Mapping):
             self._reject("not_an_object")
@@ -228,9 +285,21 @@ class VerlFileFollower:
         if not isinstance(data, Mapping):
             self._reject("no_data")
             return
-        self._store.ingest(obj.get("step"), data, seen_at if seen_at is not None else self._clock())
+        try:
+            self._store.ingest(obj.get("step"), data, seen_at if seen_at is not None else self._clock())
+        except Exception as e:  # a bug must cost this one line, not the rest of the read
+            self._self.problem(COMPONENT, "ingest", f"could not ingest a line of {self.path}: {e!r}")
+            self._reject("unexpected")
+            return
         self._self.inc("verl_exporter_lines_parsed_total", source=SOURCE)
 
     def _reject(self, reason: str) -> None:
         self._self.inc("verl_exporter_lines_rejected_total", source=SOURCE, reason=reason)
         self._self.problem(COMPONENT, reason, f"rejected a line of {self.path}: {reason}", count=False)
+
+
+def _may_be_nonfinite(line: bytes) -> bool:
+    if any(word in line for word in _NONFINITE_WORDS):
+        return True
+    zeroed = line.translate(_ZERO_DIGITS)
+    return any(pattern in zeroed for pattern in _HUGE_EXPONENTS)

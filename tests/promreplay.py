@@ -1,0 +1,52 @@
+"""Replay exported counter values through the generated alert expressions with promtool.
+
+A sidecar restart is modelled the way Prometheus sees it: the last sample before the restart, a stale
+marker, missing scrapes while the sidecar is down, then the restarted sidecar's values.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+from conftest import REPO, require_tool
+
+NONFINITE = "verl_training_nonfinite_values_total"
+
+
+def nonfinite_alert_exprs() -> dict[str, str]:
+    """{alert: expr} of every generated alert that reads the NaN counter."""
+    groups = yaml.safe_load((REPO / "rules" / "verl-alerts.yaml").read_text())["groups"]
+    return {r["alert"]: r["expr"] for g in groups for r in g["rules"] if "alert" in r and NONFINITE in r["expr"]}
+
+
+def restart_values(before: list[float], down_minutes: int, after: list[float]) -> list[float | str | None]:
+    """Per-minute samples of one counter across a restart that kept the sidecar down for down_minutes."""
+    return [*before, "stale", *[None] * (down_minutes - 1), *after]
+
+
+def firing_minutes(tmp_path: Path, series: str, values: list, expr: str, minutes) -> list[int]:
+    """The minutes (among `minutes`) at which expr returns anything for this one input series."""
+    promtool = require_tool("promtool")
+    text = " ".join("_" if v is None else str(v) for v in values)
+    # One test file, one case per minute, each expecting nothing; promtool names the cases that got something.
+    cases = [{"expr": f"count({expr})", "eval_time": f"{m}m", "exp_samples": []} for m in minutes]
+    test = {"evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": series, "values": text}],
+                       "promql_expr_test": cases}]}
+    path = tmp_path / "replay-test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    if result.returncode == 0:
+        return []
+    failing = [_minutes(t) for t in re.findall(r'", time: ([0-9hms]+),', result.stdout + result.stderr)]
+    assert failing, result.stdout + result.stderr
+    return sorted(failing)
+
+
+def _minutes(go_duration: str) -> int:
+    """Minutes of a Go duration as promtool prints it ("1h5m", "35m")."""
+    units = {"h": 60, "m": 1, "s": 0}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", go_duration))
