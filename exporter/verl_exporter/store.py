@@ -15,7 +15,7 @@ from typing import Any
 
 from .exposition import FamilyRenderer
 from .families import family
-from .mapper import KeyMapper, unmapped_name
+from .mapper import KeyMapper, Resolved, unmapped_name
 from .selfmetrics import SelfMetrics
 from .spec import MetricSpec, Spec
 
@@ -96,6 +96,8 @@ class TrainingStore:
                         self._put_raw(sub_key, sub_raw)
                 else:
                     self._put_raw(key, raw)
+            for key, resolved in self._mapper.conditional(data):
+                self._put_raw(key, data[key], resolved)
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 if float(step) != self._step:
                     self._step_times.append(seen_at)
@@ -104,15 +106,16 @@ class TrainingStore:
             elif step is not None:
                 self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
 
-    def _put_raw(self, key: Any, raw: Any) -> None:
+    def _put_raw(self, key: Any, raw: Any, resolved: Resolved | None = None) -> None:
         value = as_number(raw)
         if isinstance(value, str):
             self._self.inc("verl_exporter_values_rejected_total", reason=value)
         else:
-            self._put(str(key), value)
+            self._put(str(key), value, resolved)
 
-    def _put(self, key: str, value: float) -> None:
-        resolved = self._mapper.resolve(key)
+    def _put(self, key: str, value: float, resolved: Resolved | None = None) -> None:
+        if resolved is None:
+            resolved = self._mapper.resolve(key)
         if resolved is None:
             self._self.inc("verl_exporter_unmapped_values_total")
             name = self._put_unmapped(key, value)
