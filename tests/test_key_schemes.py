@@ -128,6 +128,17 @@ def test_entropy_loss_stands_in_for_entropy_only_when_entropy_is_absent(tmp_path
     assert series[("verl_actor_entropy_loss", ())] == 0.9
 
 
+def test_a_bad_stand_in_value_is_rejected_once_and_a_null_counts_for_both_metrics():
+    spec = load_spec()
+    sm = SelfMetrics(spec)
+    store = TrainingStore(spec, sm)
+    store.ingest(1, {"actor/entropy_loss": "oops"}, seen_at=1.0)
+    assert sm.value("verl_exporter_values_rejected_total", reason="string") == 1
+    assert store.value("verl_actor_entropy") is None
+    store.ingest(2, {"actor/entropy_loss": None}, seen_at=2.0)
+    assert store.nonfinite_counts() == {"verl_actor_entropy_loss": 1.0, "verl_actor_entropy": 1.0}
+
+
 def test_when_absent_needs_a_literal_key():
     doc = {"version": 1, "metrics": [
         {"name": "verl_a", "type": "gauge", "help": "a.", "layer": "data", "labels": ["x"],

@@ -97,7 +97,9 @@ class TrainingStore:
                 else:
                     self._put_raw(key, raw)
             for key, resolved in self._mapper.conditional(data):
-                self._put_raw(key, data[key], resolved)
+                value = as_number(data[key])
+                if not isinstance(value, str):  # a rejected value was counted once already, above
+                    self._put(key, value, resolved)
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 if float(step) != self._step:
                     self._step_times.append(seen_at)
@@ -106,12 +108,12 @@ class TrainingStore:
             elif step is not None:
                 self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
 
-    def _put_raw(self, key: Any, raw: Any, resolved: Resolved | None = None) -> None:
+    def _put_raw(self, key: Any, raw: Any) -> None:
         value = as_number(raw)
         if isinstance(value, str):
             self._self.inc("verl_exporter_values_rejected_total", reason=value)
         else:
-            self._put(str(key), value, resolved)
+            self._put(str(key), value)
 
     def _put(self, key: str, value: float, resolved: Resolved | None = None) -> None:
         if resolved is None:
