@@ -47,7 +47,7 @@ SCHEMES = {
         "timing_per_token(ms)/update_actor": "timing_per_token_ms/update_actor",
         "val/test_score/openai/gsm8k": "val-core/openai/gsm8k/reward/mean@1",
     },
-    # verl Jan-Mar 2025, the pins of TinyZero, Logic-RL, Search-R1, SimpleRL-Zoo, Open-AgentRL
+    # verl of late Jan-Mar 2025, vendored by TinyZero, Logic-RL, Search-R1 and SimpleRL-Zoo
     "verl-early-2025": {
         "actor/entropy_loss": "actor/entropy", "critic/kl": "actor/reward_kl_penalty",
         "critic/kl_coeff": "actor/reward_kl_penalty_coeff", "mfu/actor": "perf/mfu/actor",

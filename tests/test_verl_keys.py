@@ -281,3 +281,30 @@ def test_every_verl_key_maps_to_a_spec_metric(capsys):
     with capsys.disabled():
         print(f"\n{len(keys)} verl keys found:\n  " + "\n  ".join(rows))
     assert not unmapped, f"{len(unmapped)} verl key(s) no spec entry matches:\n  " + "\n  ".join(unmapped)
+
+
+def test_every_scanned_key_written_by_verls_file_logger_is_exported_typed(tmp_path, monkeypatch):
+    """verl's own FileLogger writes every key the scan found; the real follower and store map them all."""
+    from verl.utils.tracking import Tracking
+    from verl_exporter.selfmetrics import SelfMetrics
+    from verl_exporter.sources.verl_file import VerlFileFollower
+    from verl_exporter.store import TrainingStore
+
+    keys, _ = verl_keys()
+    log = tmp_path / "verl.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log))
+    tracker = Tracking(project_name="keys", experiment_name="all", default_backend=["file"])
+    tracker.log({key: 0.5 for key in keys}, step=1)
+    tracker.finish()
+    spec = load_spec()
+    sm = SelfMetrics(spec)
+    store = TrainingStore(spec, sm, max_unmapped=10_000)
+    VerlFileFollower(str(log), store, sm).poll()
+    assert store.step == 1
+    assert sm.value("verl_exporter_unmapped_values_total") in (None, 0)
+    assert sm.value("verl_exporter_series_dropped_total", reason="series_cap") in (None, 0)
+    series = {(metric.name, labels): value for metric, rows in store.families() for labels, value in rows.items()}
+    mapper = KeyMapper(spec)
+    for key in keys:
+        r = mapper.resolve(key)
+        assert series[(r.metric.name, r.label_values)] == pytest.approx(0.5 * r.scale), key
