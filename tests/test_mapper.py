@@ -52,7 +52,12 @@ EXPECTED = {
     "training/rollout_failure/evicted_samples": ("verl_training_rollout_evicted_samples", {}, 1),
     "rollout/spec_accept_rate": ("verl_rollout_spec_accept_rate_ratio", {}, 1),
     "rollout/spec_accept_length": ("verl_rollout_spec_accept_length_tokens", {}, 1),
-    "rollout/moe/expert_load_max": ("verl_rollout_moe", {"metric": "expert_load_max"}, 1),
+    "rollout/moe/max_vio/max": ("verl_rollout_moe_load_violation", {"kind": "max", "stat": "max"}, 1),
+    "rollout/moe/avg_vio/layer_12": ("verl_rollout_moe_layer_load_violation", {"kind": "avg", "layer": "12"}, 1),
+    "timing_s/agent_loop/slowest/prompt_length": ("verl_agent_loop_slowest_length_tokens", {"part": "prompt"}, 1),
+    "timing_s/agent_loop/num_preempted/max": ("verl_agent_loop_preempted", {"stat": "max"}, 1),
+    "checkpoint_engine/payload_mbytes": ("verl_checkpoint_engine_payload_bytes", {}, 1024.0**2),
+    "train/total_tokens(B)": ("verl_sft_consumed_tokens", {}, 1e9),
     "val-core/openai/gsm8k/reward/mean@4": (
         "verl_validation_score",
         {"kind": "core", "data_source": "openai/gsm8k", "variable": "reward", "metric": "mean@4"}, 1),

@@ -269,6 +269,21 @@ def test_a_sidecar_restart_rebuilds_the_nan_count_from_the_whole_file(make):
     assert sm2.value("verl_exporter_lines_parsed_total", source="file") < 100  # values still from the tail only
 
 
+def test_a_restart_rebuilds_the_nan_count_of_a_key_standing_in_for_another(make):
+    # Older verl logs the entropy as actor/entropy_loss (no actor/entropy): a null there counts for both
+    # metrics live, and must count the same when a restarted sidecar rebuilds the count from the file.
+    path, f, store, _, _ = make(recover_bytes=3000)
+    lines = [{"step": s, "data": {"actor/entropy_loss": None if s in (5, 390) else 0.5, "actor/pg_loss": 0.1}}
+             for s in range(1, 401)]
+    path.write_bytes(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    f.poll()
+    before = store.nonfinite_counts()
+    assert before == {"verl_actor_entropy_loss": 2.0, "verl_actor_entropy": 2.0}
+    _, restarted, store2, _, _ = make(recover_bytes=3000)
+    restarted.poll()
+    assert store2.nonfinite_counts() == before
+
+
 @pytest.mark.parametrize("down_minutes", [1, 25])
 def test_a_sidecar_restart_raises_no_nan_alert_in_a_promtool_replay(make, tmp_path, down_minutes):
     from promreplay import NONFINITE, firing_minutes, nonfinite_alert_exprs, restart_values

@@ -2,11 +2,13 @@
 
 Literal keys are looked up in a dict; patterns are tried in spec order. Results are cached, since a run
 logs the same keys every step; the cache is bounded so that a stream of ever-new keys cannot grow it.
+Sources with ``when_absent`` depend on the whole line, not on one key: ``conditional`` answers them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .spec import UNMAPPED_PREFIX, MetricSpec, Spec
@@ -36,9 +38,13 @@ class KeyMapper:
     def __init__(self, spec: Spec):
         self._literal: dict[str, Resolved] = {}
         self._patterns: list[tuple[MetricSpec, object]] = []
+        self._conditional: list[tuple[str, str, Resolved]] = []  # (key, key that must be absent, target)
         for metric in spec.metrics:
             for rule in metric.sources:
-                if rule.literal:
+                if rule.when_absent:
+                    values = tuple(rule.const_labels[name] for name in metric.labels)
+                    self._conditional.append((rule.pattern, rule.when_absent, Resolved(metric, values, rule.scale)))
+                elif rule.literal:
                     values = tuple(rule.const_labels[name] for name in metric.labels)
                     self._literal[rule.pattern] = Resolved(metric, values, rule.scale)
                 else:
@@ -57,6 +63,10 @@ class KeyMapper:
         if len(self._cache) < _CACHE_LIMIT:
             self._cache[key] = found
         return found
+
+    def conditional(self, line: Mapping) -> list[tuple[str, Resolved]]:
+        """The extra (key, target) pairs a line feeds: a key standing in for another key the line lacks."""
+        return [(key, target) for key, absent, target in self._conditional if key in line and absent not in line]
 
     def _match_patterns(self, key: str) -> Resolved | None:
         for metric, rule in self._patterns:

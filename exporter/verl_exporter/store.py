@@ -116,6 +116,10 @@ class TrainingStore:
                         self._put_raw(sub_key, sub_raw)
                 else:
                     self._put_raw(key, raw)
+            for key, resolved in self._mapper.conditional(data):
+                value = as_number(data[key])
+                if not isinstance(value, str):  # a rejected value was counted once already, above
+                    self._put(key, value, resolved)
             valid = as_step(step)
             if valid is not None:
                 if valid != self._step:
@@ -139,6 +143,10 @@ class TrainingStore:
                     resolved = self._resolve(key)
                     if not isinstance(resolved, str):
                         self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+            for key, resolved in self._mapper.conditional(data):  # as ingest() counts a stand-in's NaN
+                value = as_number(data[key])
+                if not isinstance(value, str) and _nonfinite(value):
+                    self._count_nonfinite(resolved.metric.name)
 
     def reset_nonfinite(self) -> None:
         """Forget the NaN counts: the followed file was truncated or replaced (counts are per file)."""
@@ -163,8 +171,10 @@ class TrainingStore:
             return "label_too_long"
         return resolved
 
-    def _put(self, key: str, value: float) -> None:
-        resolved = self._mapper.resolve(key) if len(key) <= MAX_LABEL_LENGTH else self._resolve(key)
+    def _put(self, key: str, value: float, resolved: Resolved | None = None) -> None:
+        """Store one value; ``resolved`` when the caller already knows the entry (a key standing in)."""
+        if resolved is None:
+            resolved = self._mapper.resolve(key) if len(key) <= MAX_LABEL_LENGTH else self._resolve(key)
         if resolved.__class__ is str:
             self._self.inc("verl_exporter_values_rejected_total", reason=resolved)
             return

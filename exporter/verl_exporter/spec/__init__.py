@@ -40,7 +40,7 @@ UNMAPPED_PREFIX = "verl_unmapped_"
 
 ENTRY_KEYS = {"name", "type", "unit", "help", "layer", "labels", "source", "field", "collector",
               "max_series", "alerts", "panels", "record"}
-SOURCE_KEYS = {"match", "regex", "labels", "values", "convert", "scale"}
+SOURCE_KEYS = {"match", "regex", "labels", "values", "convert", "scale", "when_absent"}
 TOP_KEYS = {"version", "target_labels", "defaults", "rules", "alerts", "metrics"}
 RULES_KEYS = {"selector", "runbook_url", "evaluation_interval", "relay_url"}
 RECORDINGS = ("cross_rank",)
@@ -66,6 +66,8 @@ class SourceRule:
     const_labels: dict[str, str]
     allowed: dict[str, frozenset[str]]
     scale: float
+    # Feed the metric only from a line that lacks this key (an older verl's name for the same quantity).
+    when_absent: str | None = None
 
     @property
     def literal(self) -> bool:
@@ -97,7 +99,7 @@ class MetricSpec:
             out["source"] = [
                 {"pattern": s.pattern, "kind": "literal" if s.literal else "pattern",
                  "labels": s.const_labels, "values": {k: sorted(v) for k, v in s.allowed.items()},
-                 "scale": s.scale}
+                 "scale": s.scale, **({"when_absent": s.when_absent} if s.when_absent else {})}
                 for s in self.sources
             ]
         if self.field:
@@ -234,7 +236,16 @@ def _parse_source(where: str, raw: Any, labels: tuple[str, ...], problems: list[
             problems.append(f"{where}: 'scale' must be a non-zero number")
         else:
             scale = float(raw["scale"])
-    return SourceRule(pattern=pattern, regex=regex, const_labels=const, allowed=allowed, scale=scale)
+    when_absent = raw.get("when_absent")
+    if when_absent is not None:
+        if not isinstance(when_absent, str) or not when_absent:
+            problems.append(f"{where}: 'when_absent' must be a key")
+            when_absent = None
+        elif regex is not None:
+            problems.append(f"{where}: 'when_absent' needs a literal 'match' key, got pattern {pattern!r}")
+            when_absent = None
+    return SourceRule(pattern=pattern, regex=regex, const_labels=const, allowed=allowed, scale=scale,
+                      when_absent=when_absent)
 
 
 def _check_name(where: str, name: str, mtype: str, unit: str, problems: list[str]) -> None:
@@ -377,7 +388,7 @@ def parse_spec(doc: Any, origin: str = "spec") -> Spec:
             problems.append(f"metric {m.name!r}: declared twice")
         seen[m.name] = m.name
         for s in m.sources:
-            if s.literal:
+            if s.literal and not s.when_absent:  # a conditional source may share its key with another metric
                 if s.pattern in literal_keys and literal_keys[s.pattern] != m.name:
                     problems.append(
                         f"metric {m.name!r}: key {s.pattern!r} already feeds {literal_keys[s.pattern]!r}")
