@@ -8,17 +8,16 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import socket
-import threading
 import time
 from collections.abc import Callable
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
+from .httpserver import HttpServer, ListenError, parse_listen
 from .selfmetrics import SelfMetrics
+
+__all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "parse_listen"]
 
 log = logging.getLogger("verl_exporter")
 
@@ -121,50 +120,3 @@ def _metrics_app(registry: CollectorRegistry, renderers, self_metrics: SelfMetri
         return [body]
 
     return app
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # one line per scrape would drown the sidecar's log
-        pass
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """HOST:PORT, :PORT (all interfaces) or [v6]:PORT."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-class HttpServer:
-    """A threaded WSGI server on its own daemon thread; port 0 picks a free port."""
-
-    def __init__(self, app, listen: str):
-        host, port = parse_listen(listen)
-        server_class = _Server
-        if ":" in host:
-            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-        self._httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
-        self.host, self.port = host, self._httpd.server_port
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="verl-exporter-http",
-                                        daemon=True)
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}"
-
-    def start(self) -> HttpServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

@@ -115,7 +115,8 @@ class Sidecar:
         handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
                        renderers=[self.store.render, self.sampler.render])
-        self.server = HttpServer(app, self.config.listen)  # bound: the port is known, nothing served yet
+        self.server = HttpServer(app, self.config.listen, on_problem=lambda kind, message: (
+            self.self_metrics.problem("http", kind, message)))  # bound: the port is known, nothing served yet
         if self.config.file_sd:  # registered before serving: once /healthz answers, discovery has us
             self.file_sd = FileSdRegistration(self.config.file_sd, self.config.advertise or advertise_host(),
                                               self.server.port)
