@@ -119,6 +119,9 @@ def run(args) -> int:
     if offset is None:
         node_rank = os.environ.get("NODE_RANK", "")
         offset = int(node_rank) * args.ranks if node_rank.isdigit() else 0
+    if offset < 0:  # every child would refuse its --rank and be restarted for ever
+        print(f"verl-exporter node: --rank-offset must be at least 0, got {offset}", file=sys.stderr)
+        return 2
     passthrough = [a for a in args.serve_args if a != "--"]
     forbidden = [a for a in passthrough if a.partition("=")[0] in ("--rank", "--local-rank", "--listen")]
     if forbidden:
