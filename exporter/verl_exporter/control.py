@@ -52,6 +52,11 @@ def read_token(env: str | None = None, file: str | None = None) -> str | None:
     return None
 
 
+def one_line(text: str, limit: int = 200) -> str:
+    """The reason as one line of printable text: a newline in it would forge lines in the log."""
+    return "".join(c if c.isprintable() else " " for c in text[:limit])
+
+
 class ControlState:
     """The writer side: applies requests to the control file, atomically (write a temp file, rename)."""
 
@@ -84,7 +89,7 @@ class ControlState:
                     state["stop"] = True
                     state["stop_time"] = now
             if changed:
-                state["reason"] = reason[:200]
+                state["reason"] = one_line(reason)
                 self._write(state)
             return state, changed
 
@@ -182,7 +187,7 @@ def make_control_app(state: ControlState, token: str, on_request, self_metrics):
         if length:
             try:
                 body = json.loads(environ["wsgi.input"].read(length) or b"{}")
-                reason = str(body.get("reason", "")) if isinstance(body, dict) else ""
+                reason = one_line(str(body.get("reason", ""))) if isinstance(body, dict) else ""
             except ValueError:
                 return reply("400 Bad Request", {"error": "the body must be JSON"}, "bad_request")
         try:

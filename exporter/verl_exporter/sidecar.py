@@ -108,7 +108,8 @@ class Sidecar:
         return healthy, details
 
     def start(self) -> Sidecar:
-        summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={self.config.rank})."
+        rank = "-" if self.config.rank is None else self.config.rank
+        summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={rank})."
         handlers = []
         if self.control:
             handlers.append(make_control_app(self.control, self._control_token, lambda *_: None, self.self_metrics))

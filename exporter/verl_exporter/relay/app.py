@@ -14,9 +14,8 @@ import logging
 import re
 import threading
 
-from prometheus_client import make_wsgi_app
-
 from ..httpserver import HttpServer
+from ..server import metrics_app
 from .actions import ActionRunner
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull
@@ -41,7 +40,7 @@ class RelayApp:
         self.metrics = metrics
         self.actions = actions
         self.draining = False
-        self._metrics_app = make_wsgi_app(metrics.registry())
+        self._metrics_app = metrics_app(metrics.registry())
 
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "/")
