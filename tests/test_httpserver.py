@@ -173,3 +173,25 @@ def test_the_sidecar_counts_dropped_connections(tmp_path):
         assert sample(metrics, "verl_exporter_source_errors_total", component="http") == 1
     finally:
         side.stop()
+
+
+def test_the_relay_counts_dropped_connections():
+    from conftest import parse_metrics, sample
+    from verl_exporter.relay.app import Relay
+    from verl_exporter.relay.config import parse_config
+
+    doc = {"targets": {"wecom": {"type": "wecom", "url": "http://127.0.0.1:9/", "token_env": "WECOM_KEY"}},
+           "routes": [{"receivers": ["verl-critical"], "targets": ["wecom"]}]}
+    relay = Relay(parse_config(doc, environ={"WECOM_KEY": "k"}), listen="127.0.0.1:0").start()
+    try:
+        relay._server._httpd.request_timeout = 0.3
+        sock = socket.create_connection(("127.0.0.1", relay._server.port), timeout=PATIENCE_S)
+        sock.sendall(b"POST /alert/verl-critical HTTP/1.1\r\n")
+        assert closed_by_server(sock)
+        sock.close()
+        metrics = parse_metrics(http_get(relay.url + "/metrics")[2].decode())
+        assert sample(metrics, "verl_relay_requests_total", receiver="unknown", code="408") == 1
+        # the relay's /metrics negotiates like the sidecar's: q=0 means never
+        assert "Content-Encoding" not in http_get(relay.url + "/metrics", headers={"Accept-Encoding": "gzip;q=0"})[1]
+    finally:
+        relay.stop(drain_seconds=0)
