@@ -195,3 +195,30 @@ def test_the_relay_counts_dropped_connections():
         assert "Content-Encoding" not in http_get(relay.url + "/metrics", headers={"Accept-Encoding": "gzip;q=0"})[1]
     finally:
         relay.stop(drain_seconds=0)
+
+
+def test_a_client_that_stops_reading_the_answer_is_dropped(server):
+    big = b"x" * (64 << 20)  # more than the kernel buffers of both ends hold
+
+    def large(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(big)))])
+        return [big]
+
+    srv, problems = server(app=large, request_timeout=0.5)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", srv.port))
+    sock.sendall(b"GET / HTTP/1.0\r\n\r\n")  # and never read
+    wait_for(lambda: problems.count("timeout") == 1, timeout=PATIENCE_S)
+    assert problems.kinds == ["timeout"]
+    sock.close()
+
+
+def test_an_app_that_raises_answers_500_and_is_counted(server):
+    def broken(environ, start_response):
+        raise RuntimeError("bug")
+
+    srv, problems = server(app=broken)
+    assert http_get(srv.url + "/")[0] == 500
+    wait_for(lambda: problems.count("error") == 1, timeout=PATIENCE_S)
+    assert http_get(srv.url + "/")[0] == 500  # and the server goes on

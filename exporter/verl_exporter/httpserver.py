@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 log = logging.getLogger("verl_exporter")
 
@@ -96,8 +96,31 @@ class _Handler(WSGIRequestHandler):
         self.rfile = io.BufferedReader(_DeadlineReader(self.request, time.monotonic() + timeout))
         self.wfile = _Writer(self.request, timeout)
 
+    def handle(self) -> None:
+        """wsgiref's handle(), with a ServerHandler that reports failures instead of printing tracebacks."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():  # an error was sent
+            return
+        handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        handler.request_handler = self
+        handler.run(self.server.get_app())
+
     def log_message(self, format, *args):  # one line per scrape would drown the log
         pass
+
+
+class _ServerHandler(ServerHandler):
+    def log_exception(self, exc_info) -> None:
+        error = exc_info[1]
+        if isinstance(error, TimeoutError):  # the client stopped reading the answer
+            self.request_handler.server._problem("timeout", "a client stopped reading its answer; connection closed")
+            return
+        log.error("http: answering %s failed", self.environ.get("PATH_INFO"), exc_info=exc_info)
+        self.request_handler.server._problem("error", f"answering a request failed: {error!r}")
 
 
 class _BoundedServer(WSGIServer):
