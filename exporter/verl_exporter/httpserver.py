@@ -119,13 +119,17 @@ class _ServerHandler(ServerHandler):
         if isinstance(error, TimeoutError):  # the client stopped reading the answer
             self.request_handler.server._problem("timeout", "a client stopped reading its answer; connection closed")
             return
-        log.error("http: answering %s failed", self.environ.get("PATH_INFO"), exc_info=exc_info)
-        self.request_handler.server._problem("error", f"answering a request failed: {error!r}")
+        server = self.request_handler.server
+        if not server.traceback_logged:  # the first traceback tells the bug; the rest are counted
+            server.traceback_logged = True
+            log.error("http: answering %s failed", self.environ.get("PATH_INFO"), exc_info=exc_info)
+        server._problem("error", f"answering a request failed: {error!r}")
 
 
 class _BoundedServer(WSGIServer):
     request_queue_size = BACKLOG
     allow_reuse_address = True
+    traceback_logged = False
 
     def __init__(self, address, app, *, workers: int, max_connections: int, request_timeout: float,
                  on_problem: ProblemFn | None):
