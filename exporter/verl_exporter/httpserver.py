@@ -1,4 +1,4 @@
-"""The one small HTTP server of the sidecar and the relay: a WSGI app behind a bounded pool of worker threads.
+"""The one small HTTP server of the sidecar and the relay: a WSGI app with bounded connections and app slots.
 
 wsgiref alone starts a thread per connection, has no timeouts and a listen backlog of 5: clients that sent
 half a request each held a thread for ever, and 50 concurrent scrapers overflowed the backlog (the kernel's
@@ -10,8 +10,8 @@ SYN retry then cost a scrape a second). Here:
 - at most ``workers`` requests run the app at a time: a request waits for a slot only once it has
   arrived whole, so slow clients never hold one;
 - the whole request (line, headers, body) must arrive within ``request_timeout`` seconds, and each write of
-  the answer must progress within it: a client that sends half a header, or drips a byte at a time, holds a
-  worker that long at most.
+  the answer must progress within it: a client that sends half a header, drips a byte at a time or stops
+  reading holds its connection's thread that long at most.
 
 Connections dropped for these reasons are reported to ``on_problem(kind, message)``: kind is "timeout",
 "overload" or "error" (the caller counts them in its own metrics).
