@@ -117,3 +117,12 @@ def test_run_demo_refuses_a_rate_that_would_replay_at_once():
 def test_node_refuses_a_negative_rank_offset(capsys):
     assert cli.main(["node", "--ranks", "2", "--rank-offset", "-1", "--listen", "127.0.0.1:0"]) == 2
     assert "--rank-offset" in capsys.readouterr().err
+
+
+def test_a_non_utf8_token_file_is_named_without_quoting_the_secret(tmp_path):
+    token = tmp_path / "token"
+    token.write_bytes(b"\xe9secret")
+    p = run("serve", "--listen", "127.0.0.1:0", "--checkpoint-dir", str(tmp_path), "--control-token-file",
+            str(token))
+    assert p.returncode == 2 and "is not UTF-8 text" in p.stderr, p.stderr
+    assert "0xe9" not in p.stderr and "secret" not in p.stderr.replace(str(token), "")

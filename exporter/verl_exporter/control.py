@@ -46,6 +46,8 @@ def read_token(env: str | None = None, file: str | None = None) -> str | None:
             value = Path(file).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ValueError(f"cannot read the control token file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:  # its message would quote a byte of the secret
+            raise ValueError(f"the control token file {file} is not UTF-8 text") from None
         if not value:
             raise ValueError(f"the control token file {file} is empty")
         return value
