@@ -151,3 +151,10 @@ def test_an_empty_checkpoint_warns_and_does_not_verify(tmp_path):
     assert p.returncode == 0 and "holds no files" in p.stderr
     p = cli("verify", str(d))
     assert p.returncode == 1 and "lists no files" in p.stderr
+
+
+def test_a_fifo_as_the_tracker_file_does_not_block(tmp_path):
+    d = make_step(tmp_path)
+    os.mkfifo(d.parent / "latest_checkpointed_iteration.txt")
+    p = cli("manifest", str(d.parent))  # the newest folder, since the tracker cannot be read
+    assert p.returncode == 0 and f"wrote {d / MANIFEST_NAME}" in p.stdout, p.stderr

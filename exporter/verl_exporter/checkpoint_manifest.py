@@ -78,7 +78,10 @@ def tracker_path(ckpt_dir: str | os.PathLike) -> Path:
 def read_tracker(ckpt_dir: str | os.PathLike) -> int | None:
     """The step in latest_checkpointed_iteration.txt; None when it is absent, unreadable or not a step number."""
     try:
-        with open(tracker_path(ckpt_dir), "rb") as f:
+        fd = os.open(tracker_path(ckpt_dir), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there must not block us
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             raw = f.read(_TRACKER_MAX_BYTES + 1)
     except OSError:
         return None
