@@ -4,6 +4,9 @@ DIR is a global_step_N folder (or any folder that already holds a manifest), or 
 (verl's trainer.default_local_dir), which stands for its latest checkpoint: the tracker file's step, else the
 newest folder with a manifest, else the newest folder.
 
+Only regular files inside DIR are hashed: symlinks to directories or out of DIR, dangling symlinks, FIFOs,
+sockets and devices are skipped, each named on stderr (and listed in the manifest).
+
 Exit status: 0 done / everything matches; 1 problems found (each on stderr) or the manifest could not be
 written; 2 usage errors (DIR missing, or not a checkpoint).
 """
@@ -78,18 +81,31 @@ def _manifest(step_dir: Path) -> int:
     try:
         path = write_manifest(step_dir)
     except OSError as e:
-        print(f"{_PROG} manifest: cannot write a manifest for {step_dir}: {e}", file=sys.stderr)
+        why = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+        print(f"{_PROG} manifest: cannot write a manifest for {step_dir}: {why}", file=sys.stderr)
         return 1
     # re-reading is cheap next to hashing, and reports exactly what a later verify will compare against
     doc = json.loads(path.read_text(encoding="utf-8"))
-    print(f"wrote {path}: {doc['file_count']} files, {doc['total_bytes']} bytes")
+    _report_skipped({s["path"]: s["reason"] for s in doc.get("skipped", [])})
+    if not doc["file_count"]:
+        print(f"{_PROG} manifest: warning: {step_dir} holds no files to hash; `verify` will fail on it",
+              file=sys.stderr)
+    print(f"wrote {path}: {doc['file_count']} files, {doc['total_bytes']} bytes"
+          + (f", {len(doc.get('skipped', []))} skipped" if doc.get("skipped") else ""))
     return 0
+
+
+def _report_skipped(skipped: dict[str, str]) -> None:
+    for rel, reason in sorted(skipped.items()):
+        print(f"skipped {rel}: {reason}", file=sys.stderr)
 
 
 def _verify(step_dir: Path) -> int:
     result = verify_manifest(step_dir)
+    _report_skipped(result.skipped)
     if result.ok:
-        print(f"ok: {step_dir}: {result.files_checked} files, {result.bytes_checked} bytes match the manifest")
+        print(f"ok: {step_dir}: {result.files_checked} files, {result.bytes_checked} bytes match the manifest"
+              + (f" ({len(result.skipped)} entries skipped)" if result.skipped else ""))
         return 0
     for problem in result.problems:
         print(problem, file=sys.stderr)

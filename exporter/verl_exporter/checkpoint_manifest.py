@@ -11,10 +11,12 @@ Everything here is a plain function of the file system: no threads, no state, no
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ MANIFEST_FORMAT = "verl-exporter-checkpoint-manifest"
 MANIFEST_FORMAT_VERSION = 1
 TRACKER_NAME = "latest_checkpointed_iteration.txt"  # verl's get_checkpoint_tracker_filename()
 CHUNK_BYTES = 1 << 20  # hashing reads this much at a time, so memory stays bounded whatever the file size
+HASH_TRIES = 3  # a file that changed while hashed is hashed again this many times at most
 
 # Temp files of write_manifest(); one left behind by a crash must not show up as an "extra file".
 _MANIFEST_TEMP_PREFIX = f".{MANIFEST_NAME}."
@@ -41,6 +44,7 @@ class VerifyResult:
     files_checked: int = 0
     bytes_checked: int = 0
     pruned: list[str] = field(default_factory=list)  # top-level folders gone whole, accepted with pruned_ok
+    skipped: dict[str, str] = field(default_factory=dict)  # entries not checked (see scan_files), with why
 
 
 def step_of(path: str | os.PathLike) -> int | None:
@@ -74,7 +78,10 @@ def tracker_path(ckpt_dir: str | os.PathLike) -> Path:
 def read_tracker(ckpt_dir: str | os.PathLike) -> int | None:
     """The step in latest_checkpointed_iteration.txt; None when it is absent, unreadable or not a step number."""
     try:
-        with open(tracker_path(ckpt_dir), "rb") as f:
+        fd = os.open(tracker_path(ckpt_dir), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there must not block us
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             raw = f.read(_TRACKER_MAX_BYTES + 1)
     except OSError:
         return None
@@ -129,40 +136,113 @@ def _is_manifest_file(rel: str) -> bool:
     return rel == MANIFEST_NAME or (rel.startswith(_MANIFEST_TEMP_PREFIX) and rel.endswith(_MANIFEST_TEMP_SUFFIX))
 
 
-def list_files(step_dir: str | os.PathLike) -> dict[str, Path]:
-    """{relative POSIX path: path} of every file under step_dir except the manifest (and its temp files).
+class FileChangedError(OSError):
+    """A file kept changing while it was hashed: a save is probably still writing the checkpoint."""
 
-    Directory symlinks are not followed (no loops, nothing outside the folder); file symlinks count as their target.
+
+@dataclass
+class Scan:
+    """What a checkpoint folder holds: the regular files to hash, and every entry skipped, with why."""
+
+    files: dict[str, Path] = field(default_factory=dict)  # relative POSIX path -> path
+    skipped: dict[str, str] = field(default_factory=dict)  # relative POSIX path -> reason
+
+
+def scan_files(step_dir: str | os.PathLike) -> Scan:
+    """Every regular file under step_dir except the manifest (and its temp files); every other entry is skipped.
+
+    Skipped, with the reason: directory symlinks (not followed: no loops), file symlinks that are dangling,
+    loop or point outside the folder, FIFOs, sockets and devices (reading one could block or never end), and
+    subfolders that cannot be listed. A file symlink inside the folder counts as its target. Raises OSError
+    when step_dir itself cannot be listed.
     """
     root = Path(step_dir)
-    out = {}
-    for dirpath, _dirnames, filenames in os.walk(root, onerror=_raise):
+    real_root = os.path.realpath(root)
+    scan = Scan()
+
+    def rel_of(path: str) -> str:
+        return Path(path).relative_to(root).as_posix()
+
+    def unlistable(error: OSError) -> None:
+        if os.path.realpath(error.filename or root) == real_root:
+            raise error
+        scan.skipped[rel_of(error.filename)] = f"cannot be listed: {error.strerror}"
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable):
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):  # os.walk lists it but does not descend
+                scan.skipped[rel_of(path)] = "a symlink to a directory (not followed)"
         for name in filenames:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if not _is_manifest_file(rel):
-                out[rel] = path
-    return out
+            path = os.path.join(dirpath, name)
+            rel = rel_of(path)
+            if _is_manifest_file(rel):
+                continue
+            reason = _skip_reason(path, real_root)
+            if reason:
+                scan.skipped[rel] = reason
+            else:
+                scan.files[rel] = Path(path)
+    return scan
 
 
-def _raise(error: OSError) -> None:
-    raise error
+def _skip_reason(path: str, real_root: str) -> str | None:
+    """Why a directory entry is not hashed; None for a regular file (or a symlink to one inside the folder)."""
+    try:
+        st = os.stat(path)  # follows a symlink
+    except OSError as e:
+        if os.path.islink(path):
+            return "a dangling symlink" if e.errno == errno.ENOENT else f"a broken symlink ({e.strerror})"
+        return f"cannot be read: {e.strerror}"
+    if os.path.islink(path) and os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+        return "a symlink to a file outside the checkpoint"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (FIFO, socket or device)"
+    return None
+
+
+def list_files(step_dir: str | os.PathLike) -> dict[str, Path]:
+    """{relative POSIX path: path} of the files scan_files() would hash."""
+    return scan_files(step_dir).files
 
 
 def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
-    """(hex SHA-256, bytes read) of a file, read in CHUNK_BYTES pieces into one reused buffer."""
+    """(hex SHA-256, bytes read) of a regular file, read in CHUNK_BYTES pieces into one reused buffer.
+
+    Raises OSError for anything but a regular file (opened without blocking, so a FIFO cannot hang us) and
+    FileChangedError when its size or mtime changed while it was read.
+    """
     digest = hashlib.sha256()
     buffer = bytearray(CHUNK_BYTES)
     view = memoryview(buffer)
     total = 0
-    with open(path, "rb", buffering=0) as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb", buffering=0) as f:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         while True:
             n = f.readinto(buffer)
             if not n:
                 break
             digest.update(view[:n])
             total += n
+        after = os.fstat(fd)
+    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or total != after.st_size:
+        raise FileChangedError(errno.EAGAIN, "changed while it was hashed", str(path))
     return digest.hexdigest(), total
+
+
+def sha256_stable(path: str | os.PathLike, tries: int = HASH_TRIES) -> tuple[str, int]:
+    """sha256_file(), tried again when the file changed meanwhile; FileChangedError after `tries` attempts."""
+    for attempt in range(tries):
+        try:
+            return sha256_file(path)
+        except FileChangedError:
+            if attempt == tries - 1:
+                raise FileChangedError(errno.EAGAIN, f"changed while it was hashed, {tries} times in a row (is a "
+                                                     "save still writing this checkpoint?)", str(path)) from None
+    raise AssertionError("unreachable")
 
 
 def write_manifest(step_dir: str | os.PathLike) -> Path:
@@ -174,9 +254,10 @@ def write_manifest(step_dir: str | os.PathLike) -> Path:
     root = Path(step_dir)
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a directory")
+    scan = scan_files(root)
     files = []
-    for rel, path in sorted(list_files(root).items()):
-        digest, size = sha256_file(path)  # size = bytes hashed, so size and hash always describe the same bytes
+    for rel, path in sorted(scan.files.items()):
+        digest, size = sha256_stable(path)  # size = bytes hashed, so size and hash always describe the same bytes
         files.append({"path": rel, "size": size, "sha256": digest})
     now = time.time()
     doc = {
@@ -188,6 +269,7 @@ def write_manifest(step_dir: str | os.PathLike) -> Path:
         "file_count": len(files),
         "total_bytes": sum(f["size"] for f in files),
         "files": files,
+        "skipped": [{"path": rel, "reason": reason} for rel, reason in sorted(scan.skipped.items())],
     }
     target = root / MANIFEST_NAME
     fd, temp = tempfile.mkstemp(dir=root, prefix=_MANIFEST_TEMP_PREFIX, suffix=_MANIFEST_TEMP_SUFFIX)
@@ -247,17 +329,23 @@ def verify_manifest(step_dir: str | os.PathLike, *, pruned_ok: bool = False) -> 
     if entries is None:
         return VerifyResult(ok=False, problems=[problem])
     result = VerifyResult(ok=True)
+    if not entries:
+        return VerifyResult(ok=False, problems=[f"{root}: the manifest lists no files (an empty checkpoint cannot "
+                                                "be resumed from)."])
     try:
-        present = list_files(root)
+        scan = scan_files(root)
     except OSError as e:
         return VerifyResult(ok=False, problems=[f"{root} cannot be listed: {e}."])
+    present, result.skipped = scan.files, scan.skipped
     gone_folders: dict[str, int] = {}  # top-level folder that no longer exists -> files the manifest lists in it
     for entry in entries:
         rel = entry["path"]
         path = present.pop(rel, None)
         if path is None:
             top = rel.split("/", 1)[0] if "/" in rel else None
-            if top is not None and not os.path.lexists(root / top):
+            if rel in scan.skipped:
+                result.problems.append(f"{rel} is listed in the manifest but is skipped now: {scan.skipped[rel]}.")
+            elif top is not None and not os.path.lexists(root / top):
                 gone_folders[top] = gone_folders.get(top, 0) + 1
             else:
                 result.problems.append(f"{rel} is missing (the manifest lists it with {entry['size']} bytes).")
@@ -267,7 +355,7 @@ def verify_manifest(step_dir: str | os.PathLike, *, pruned_ok: bool = False) -> 
             if size != entry["size"]:
                 result.problems.append(f"{rel} has {size} bytes; the manifest says {entry['size']}.")
                 continue
-            digest, read = sha256_file(path)
+            digest, read = sha256_stable(path)
         except OSError as e:
             result.problems.append(f"{rel} cannot be read: {e}.")
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) into a live sidecar")
     demo.add_argument("--listen", default="127.0.0.1:9477", metavar="HOST:PORT")
-    demo.add_argument("--rate", type=float, default=10.0, help="steps replayed per second (default 10)")
+    demo.add_argument("--rate", type=_positive_rate, default=10.0, help="steps replayed per second (default 10)")
     demo.add_argument("--exit-after-replay", action="store_true",
                       help="stop when the replay ends instead of serving until Ctrl-C")
     return parser
@@ -120,6 +121,7 @@ def _stop_event() -> threading.Event:
 
 def cmd_serve(args) -> int:
     from .config import ConfigError, build_config, read_config_file
+    from .httpserver import ListenError
     from .sidecar import Sidecar
     from .spec import SpecError
 
@@ -135,13 +137,30 @@ def cmd_serve(args) -> int:
     except (ConfigError, SpecError, ValueError) as e:
         print(f"verl-exporter: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
-        print(f"verl-exporter: cannot listen on {args.listen or 'the default address'}: {e.strerror}",
-              file=sys.stderr)
+    except ListenError as e:
+        print(f"verl-exporter: cannot listen on {config.listen}: {e.strerror}", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. --file-sd in a folder that cannot be written
+        print(f"verl-exporter: {_os_error(e)}", file=sys.stderr)
         return 2
     done.wait()
     sidecar.stop()
     return 0
+
+
+def _os_error(e: OSError) -> str:
+    """'PATH: reason' for an OSError, without Python's [Errno N] prefix."""
+    return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e.strerror or e)
+
+
+def _positive_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 10_000:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be a number of steps per second in (0, 10000], got {text!r}")
+    return value
 
 
 def _load_spec(path):
@@ -192,7 +211,15 @@ def cmd_generate(args) -> int:
         import dataclasses
 
         spec = dataclasses.replace(spec, rules=dataclasses.replace(spec.rules, relay_url=args.relay_url))
-    stale = generate(spec, Path(args.out), check=args.check)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"verl-exporter: --out {args.out} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        stale = generate(spec, out, check=args.check)
+    except OSError as e:
+        print(f"verl-exporter: cannot write the generated files: {_os_error(e)}", file=sys.stderr)
+        return 2
     if args.check:
         if stale:
             print("generated files are stale (run `verl-exporter generate`):", file=sys.stderr)
@@ -237,4 +264,10 @@ COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "dem
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except BrokenPipeError:
+        # `verl-exporter spec | head`: the reader left; stop quietly, and keep Python's exit-time flush of
+        # stdout from raising again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -20,6 +20,7 @@ from .sources.verl_file import DEFAULT_MAX_LINE_BYTES, DEFAULT_POLL_S, DEFAULT_R
 from .spec import LABEL_NAME_RE, RESERVED_LABELS
 from .store import DEFAULT_MAX_UNMAPPED
 
+MIN_LINE_BYTES = 1024  # verl's step lines run to kilobytes: a smaller cap would reject them all
 DEFAULT_PORT = 9477  # one sidecar per rank: the port is DEFAULT_PORT + local rank unless --listen says
 
 
@@ -86,16 +87,22 @@ def read_config_file(path: str | None) -> dict[str, Any]:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError([f"cannot read it: {e.strerror}"], path) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"not UTF-8 text (byte {e.start})"], path) from None
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], path) from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise ConfigError(["it must be a mapping of settings"], path)
-    unknown = sorted(set(doc) - _KEYS)
+    # verl-log: and verl_log: are the same setting (flags are dashed, the dataclass fields are not)
+    values = {str(k).replace("-", "_"): v for k, v in doc.items()}
+    unknown = sorted(set(values) - _KEYS)
     if unknown:
         raise ConfigError([f"unknown setting(s) {unknown}; known: {sorted(_KEYS)}"], path)
-    return {k.replace("-", "_"): v for k, v in doc.items()}
+    if len(values) < len(doc):
+        raise ConfigError(["a setting is given twice (once with dashes, once with underscores)"], path)
+    return values
 
 
 def _env_int(name: str) -> int | None:
@@ -119,6 +126,8 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             problems.append(f"{key} must be a non-negative integer, got {value!r}")
+        elif key == "max_line_bytes" and value < MIN_LINE_BYTES:  # 0 would reject every line, silently
+            problems.append(f"max_line_bytes must be at least {MIN_LINE_BYTES}, got {value!r}")
     if "poll_interval" in merged:
         value = merged["poll_interval"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 10:

@@ -64,10 +64,17 @@ def read_token(env: str | None = None, file: str | None = None) -> str | None:
             value = Path(file).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ValueError(f"cannot read the control token file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:  # its message would quote a byte of the secret
+            raise ValueError(f"the control token file {file} is not UTF-8 text") from None
         if not value:
             raise ValueError(f"the control token file {file} is empty")
         return value
     return None
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """The reason as one line of printable text: a newline in it would forge lines in the log."""
+    return "".join(c if c.isprintable() else " " for c in text[:limit])
 
 
 class ControlState:
@@ -103,7 +110,7 @@ class ControlState:
                     state["stop"] = True
                     state["stop_time"] = now
             if changed:
-                state["reason"] = reason[:200]
+                state["reason"] = one_line(reason)
                 self._write(state)
             return state, changed
 
@@ -238,7 +245,7 @@ def make_control_app(state: ControlState, token: str, on_request, self_metrics):
         if length:
             try:
                 body = json.loads(environ["wsgi.input"].read(length) or b"{}")
-                reason = str(body.get("reason", "")) if isinstance(body, dict) else ""
+                reason = one_line(str(body.get("reason", ""))) if isinstance(body, dict) else ""
             except ValueError:
                 return reply("400 Bad Request", {"error": "the body must be JSON"}, "bad_request")
         try:

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from .config import ServeConfig
+from .httpserver import ListenError
 from .sidecar import Sidecar
 
 DEMO_RUN = "demo_run.jsonl.gz"
@@ -37,6 +38,8 @@ def _nonfinite_steps(lines: list[bytes]) -> list[int]:
 
 def run_demo(listen: str = "127.0.0.1:9477", rate: float = 10.0, exit_after_replay: bool = False,
              out=print) -> int:
+    if not 0 < rate < float("inf"):
+        raise ValueError(f"rate must be a positive number of steps per second, got {rate!r}")
     lines = demo_lines()
     bad_steps = _nonfinite_steps(lines)
     workdir = Path(tempfile.mkdtemp(prefix="verl-exporter-demo-"))
@@ -44,7 +47,7 @@ def run_demo(listen: str = "127.0.0.1:9477", rate: float = 10.0, exit_after_repl
     sidecar = Sidecar(ServeConfig(listen=listen, run="demo", rank=0, verl_log=str(log_path)))
     try:
         sidecar.start()
-    except OSError as e:
+    except ListenError as e:
         out(f"verl-exporter demo: cannot listen on {listen}: {e.strerror} (try --listen 127.0.0.1:0)")
         return 2
     url = sidecar.server.url
@@ -62,7 +65,7 @@ steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_val
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    interval = 1.0 / rate if rate > 0 else 0.0
+    interval = 1.0 / rate
     with open(log_path, "wb", buffering=0) as f:  # like verl's FileLogger
         for line in lines:
             if done.is_set():

@@ -12,11 +12,48 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from .spec import MetricSpec
 
 _PREFIX_CACHE_LIMIT = 100_000
+
+
+def _ranked(header: str | None) -> list[tuple[str, str]]:
+    """(media type or coding, lowercased; the entry as sent) of an Accept* header, most preferred first.
+
+    Entries with q=0 (or a q that is not a number) are left out: they say "never this".
+    """
+    ranked = []
+    for i, entry in enumerate((header or "").split(",")):
+        name, *params = entry.split(";")
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if name.strip() and q > 0:
+            ranked.append((-q, i, name.strip().lower(), entry))
+    return [(name, entry) for _, _, name, entry in sorted(ranked)]
+
+
+def choose_format(accept: str | None):
+    """(encoder, content type) from client_python for the scraper's most preferred format we serve."""
+    for media, entry in _ranked(accept):
+        if media in ("application/openmetrics-text", "text/plain"):
+            return choose_encoder(entry)
+    return choose_encoder("")
+
+
+def gzip_wanted(accept_encoding: str | None) -> bool:
+    """True when the client takes gzip: named with q > 0, or not named and "*" is taken."""
+    taken = dict(_ranked(accept_encoding))
+    named = {entry.split(";")[0].strip().lower() for entry in (accept_encoding or "").split(",")}
+    return "gzip" in taken if "gzip" in named else "*" in taken
 
 
 def _escape_label(value: str) -> str:

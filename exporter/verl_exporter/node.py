@@ -25,6 +25,7 @@ RANK0_ONLY = {"--verl-log": True, "--checkpoint-dir": True, "--checkpoint-verify
               "--control-token-env": True, "--control-token-file": True, "--control-file": True,
               "--control-file-mode": True}
 MAX_BACKOFF_S = 60.0
+HEALTHY_RUN_S = 300.0  # a child that ran this long was healthy: its next crash restarts after the first pause
 
 
 def split_rank0_only(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -49,31 +50,44 @@ def child_argv(i: int, ranks_offset: int, host: str, base_port: int, common: lis
 
 
 class Supervisor:
-    def __init__(self, argvs: list[list[str]], backoff: float = 1.0):
+    def __init__(self, argvs: list[list[str]], backoff: float = 1.0, clock=time.monotonic):
         self.argvs = argvs
         self.procs: list[subprocess.Popen | None] = [None] * len(argvs)
         self.restarts = [0] * len(argvs)
+        self._first_backoff = backoff
         self._backoff = [backoff] * len(argvs)
         self._next_start = [0.0] * len(argvs)
+        self._started = [0.0] * len(argvs)
+        self._clock = clock
         self._stop = threading.Event()
 
     def start(self, i: int) -> None:
         self.procs[i] = subprocess.Popen(self.argvs[i])
+        self._started[i] = self._clock()
+
+    def exited(self, i: int) -> float:
+        """Schedule the restart of child i, which has just exited; returns the pause before it."""
+        now = self._clock()
+        if now - self._started[i] >= HEALTHY_RUN_S:
+            self._backoff[i] = self._first_backoff  # a crash after a healthy run starts the backoff afresh
+        pause = self._backoff[i]
+        self._next_start[i] = now + pause
+        self._backoff[i] = min(pause * 2, MAX_BACKOFF_S)
+        return pause
 
     def run(self, poll: float = 0.5) -> int:
         for i in range(len(self.argvs)):
             self.start(i)
         while not self._stop.wait(poll):
-            now = time.monotonic()
+            now = self._clock()
             for i, p in enumerate(self.procs):
                 if p is not None and p.poll() is None:
                     continue
                 if p is not None:
-                    print(f"verl-exporter node: local rank {i} exited with {p.returncode}; restarting in "
-                          f"{self._backoff[i]:.0f} s", file=sys.stderr)
                     self.procs[i] = None
-                    self._next_start[i] = now + self._backoff[i]
-                    self._backoff[i] = min(self._backoff[i] * 2, MAX_BACKOFF_S)
+                    pause = self.exited(i)
+                    print(f"verl-exporter node: local rank {i} exited with {p.returncode}; restarting in "
+                          f"{pause:.0f} s", file=sys.stderr)
                 elif now >= self._next_start[i]:
                     self.restarts[i] += 1
                     self.start(i)
@@ -120,6 +134,9 @@ def run(args) -> int:
     if offset is None:
         node_rank = os.environ.get("NODE_RANK", "")
         offset = int(node_rank) * args.ranks if node_rank.isdigit() else 0
+    if offset < 0:  # every child would refuse its --rank and be restarted for ever
+        print(f"verl-exporter node: --rank-offset must be at least 0, got {offset}", file=sys.stderr)
+        return 2
     passthrough = [a for a in args.serve_args if a != "--"]
     forbidden = [a for a in passthrough if a.partition("=")[0] in ("--rank", "--local-rank", "--listen")]
     if forbidden:

@@ -6,19 +6,19 @@ The app knows no metric names: it serves a registry, asks a health callback, and
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import logging
-import socket
-import threading
 import time
 from collections.abc import Callable
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client import CollectorRegistry
 
+from .exposition import choose_format, gzip_wanted
+from .httpserver import HttpServer, ListenError, parse_listen
 from .selfmetrics import SelfMetrics
+
+__all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "metrics_app", "parse_listen"]
 
 log = logging.getLogger("verl_exporter")
 
@@ -53,7 +53,7 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
              handlers=(), renderers=()):
     """handlers: extra WSGI handlers (e.g. /control) that return None for paths they do not own.
     renderers: callables (openmetrics: bool) -> str whose exposition text is served after the registry's."""
-    metrics_app = make_wsgi_app(registry) if not renderers else _metrics_app(registry, renderers, self_metrics)
+    metrics = metrics_app(registry, renderers, self_metrics)
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "/")
@@ -63,13 +63,13 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
                 return body
         if path == "/metrics":
             started = time.perf_counter()
-            body = metrics_app(environ, start_response)
+            body = metrics(environ, start_response)
             self_metrics.set("verl_exporter_last_scrape_duration_seconds", time.perf_counter() - started)
             return body
         if path == "/healthz":
             return health_handler(path, health)(environ, start_response)
         if path == "/":
-            body = _INDEX.format(summary=summary).encode()
+            body = _INDEX.format(summary=html.escape(summary)).encode()  # the run name is the user's text
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [body]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
@@ -93,11 +93,14 @@ def health_handler(path: str, health: HealthFn):
     return handle
 
 
-def _metrics_app(registry: CollectorRegistry, renderers, self_metrics: SelfMetrics):
-    """/metrics: the registry through client_python's encoder, then the pre-rendered families."""
+def metrics_app(registry: CollectorRegistry, renderers=(), self_metrics: SelfMetrics | None = None):
+    """/metrics: the registry through client_python's encoder, then the pre-rendered families.
+
+    The format and gzip follow the scraper's Accept and Accept-Encoding, q-values included (q=0: never).
+    """
 
     def app(environ, start_response):
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
+        encoder, content_type = choose_format(environ.get("HTTP_ACCEPT"))
         openmetrics = content_type.startswith("application/openmetrics-text")
         body = encoder(registry)
         extra = []
@@ -105,14 +108,15 @@ def _metrics_app(registry: CollectorRegistry, renderers, self_metrics: SelfMetri
             try:
                 extra.append(render(openmetrics))
             except Exception as e:  # one failing part costs its own series, never the scrape
-                self_metrics.problem("exposition", "render", f"rendering failed: {e!r}")
+                if self_metrics is not None:
+                    self_metrics.problem("exposition", "render", f"rendering failed: {e!r}")
         tail = "".join(extra).encode()
         if openmetrics and body.endswith(b"# EOF\n"):
             body = body[: -len(b"# EOF\n")] + tail + b"# EOF\n"
         else:
             body += tail
         headers = [("Content-Type", content_type)]
-        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+        if gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING")):
             # Level 1: a third of the CPU of the default 9 for a few percent more bytes on a LAN scrape.
             body = gzip.compress(body, compresslevel=1)
             headers.append(("Content-Encoding", "gzip"))
@@ -121,50 +125,3 @@ def _metrics_app(registry: CollectorRegistry, renderers, self_metrics: SelfMetri
         return [body]
 
     return app
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # one line per scrape would drown the sidecar's log
-        pass
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """HOST:PORT, :PORT (all interfaces) or [v6]:PORT."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-class HttpServer:
-    """A threaded WSGI server on its own daemon thread; port 0 picks a free port."""
-
-    def __init__(self, app, listen: str):
-        host, port = parse_listen(listen)
-        server_class = _Server
-        if ":" in host:
-            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-        self._httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
-        self.host, self.port = host, self._httpd.server_port
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="verl-exporter-http",
-                                        daemon=True)
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}"
-
-    def start(self) -> HttpServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()

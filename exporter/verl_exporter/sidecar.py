@@ -108,14 +108,16 @@ class Sidecar:
         return healthy, details
 
     def start(self) -> Sidecar:
-        summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={self.config.rank})."
+        rank = "-" if self.config.rank is None else self.config.rank
+        summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={rank})."
         handlers = []
         if self.control:
             handlers.append(make_control_app(self.control, self._control_token, lambda *_: None, self.self_metrics))
         handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
                        renderers=[self.store.render, self.sampler.render])
-        self.server = HttpServer(app, self.config.listen)  # bound: the port is known, nothing served yet
+        self.server = HttpServer(app, self.config.listen, on_problem=lambda kind, message: (
+            self.self_metrics.problem("http", kind, message)))  # bound: the port is known, nothing served yet
         if self.config.file_sd:  # registered before serving: once /healthz answers, discovery has us
             self.file_sd = FileSdRegistration(self.config.file_sd, self.config.advertise or advertise_host(),
                                               self.server.port)

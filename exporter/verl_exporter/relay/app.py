@@ -14,9 +14,8 @@ import logging
 import re
 import threading
 
-from prometheus_client import make_wsgi_app
-
-from ..server import HttpServer
+from ..httpserver import HttpServer
+from ..server import metrics_app
 from .actions import ActionRunner
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull
@@ -41,7 +40,7 @@ class RelayApp:
         self.metrics = metrics
         self.actions = actions
         self.draining = False
-        self._metrics_app = make_wsgi_app(metrics.registry())
+        self._metrics_app = metrics_app(metrics.registry())
 
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "/")
@@ -195,10 +194,17 @@ class Relay:
         log.addFilter(self._filter)
         self.dispatcher.load_spool()
         self.dispatcher.start()
-        self._server = HttpServer(self.app, self._listen).start()
+        self._server = HttpServer(self.app, self._listen, on_problem=self._http_problem).start()
         log.info("relay listening on %s; targets: %s", self._server.url,
                  ", ".join(f"{n} ({t.type})" for n, t in self.config.targets.items()))
         return self
+
+    def _http_problem(self, kind: str, message: str) -> None:
+        """A connection the server dropped: counted as the answer a client would have had (408 or 503)."""
+        code = {"timeout": "408", "overload": "503"}.get(kind)
+        if code is not None:
+            self.metrics.inc("verl_relay_requests_total", receiver="unknown", code=code)
+        log.debug("http: %s", message)
 
     def stop(self, drain_seconds: float | None = None) -> dict[str, int]:
         """Answer 503 to new webhooks, drain, spool the rest, stop serving. {target: alerts left over}."""

@@ -31,7 +31,7 @@ def _flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..server import parse_listen
+    from ..httpserver import ListenError, parse_listen
     from .app import Relay
     from .config import RelayConfigError, load_config
     from .journal import SpoolError, check_spool_dir
@@ -63,8 +63,12 @@ def run(args) -> int:
     except SpoolError as e:
         print(f"verl-exporter relay: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
+    except ListenError as e:
         print(f"verl-exporter relay: cannot listen on {args.listen or config.listen}: {e.strerror}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the spool folder, say: not a listen problem
+        why = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+        print(f"verl-exporter relay: cannot start: {why}", file=sys.stderr)
         return 2
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

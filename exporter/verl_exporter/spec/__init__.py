@@ -439,6 +439,8 @@ def load_spec(path: str | Path | None = None) -> Spec:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise SpecError([f"cannot read the spec: {e.strerror}"], str(path)) from None
+        except UnicodeDecodeError as e:
+            raise SpecError([f"not UTF-8 text (byte {e.start})"], str(path)) from None
         origin = str(path)
     try:
         doc = yaml.safe_load(text)

@@ -1,0 +1,224 @@
+"""The shared HTTP server under slow, stalled and many clients (the sidecar's and the relay's)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+from conftest import http_get, wait_for
+from verl_exporter.httpserver import HttpServer, ListenError
+
+# How long a test waits for the server to act; never an assertion about speed.
+PATIENCE_S = 20.0
+
+
+def hello(environ, start_response):
+    body = b"hello\n"
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+class Problems:
+    def __init__(self):
+        self.kinds: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, kind: str, message: str) -> None:
+        with self._lock:
+            self.kinds.append(kind)
+
+    def count(self, kind: str) -> int:
+        with self._lock:
+            return self.kinds.count(kind)
+
+
+@pytest.fixture
+def server():
+    started = []
+
+    def start(app=hello, **kwargs):
+        problems = Problems()
+        srv = HttpServer(app, "127.0.0.1:0", on_problem=problems, **kwargs).start()
+        started.append(srv)
+        return srv, problems
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+def connect(srv: HttpServer) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=PATIENCE_S)
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """True when the server closed the connection (EOF or reset) before PATIENCE_S passed."""
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_partial_headers_are_dropped_after_the_request_timeout(server):
+    srv, problems = server(request_timeout=0.5, workers=4)
+    socks = [connect(srv) for _ in range(10)]
+    for sock in socks:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never the blank line that ends the headers
+    assert all(closed_by_server(sock) for sock in socks)
+    wait_for(lambda: problems.count("timeout") == 10, timeout=PATIENCE_S)
+    assert http_get(srv.url + "/")[2] == b"hello\n"
+    for sock in socks:
+        sock.close()
+
+
+def test_a_client_dripping_bytes_is_dropped_at_the_deadline(server):
+    srv, problems = server(request_timeout=1.0, workers=2)
+    sock = connect(srv)
+    stop = threading.Event()
+
+    def drip():  # each byte well inside the timeout: only a whole-request deadline ends this
+        header = b"GET / HTTP/1.1\r\nX-Slow: " + b"a" * 10_000
+        for i in range(len(header)):
+            if stop.wait(0.05):
+                return
+            try:
+                sock.send(header[i:i + 1])
+            except OSError:
+                return
+
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    try:
+        assert closed_by_server(sock)
+    finally:
+        stop.set()
+        t.join()
+        sock.close()
+    assert problems.count("timeout") == 1
+
+
+def test_slow_clients_do_not_stop_others_being_served(server):
+    srv, _ = server(request_timeout=60, workers=2)
+    slow = [connect(srv) for _ in range(20)]  # more than the workers: a half-sent request holds none
+    for sock in slow:
+        sock.sendall(b"GET / HTTP/1.1\r\n")
+    for _ in range(5):
+        assert http_get(srv.url + "/")[0] == 200
+    for sock in slow:
+        sock.close()
+
+
+def test_beyond_max_connections_a_connection_gets_503_not_a_thread(server):
+    srv, problems = server(request_timeout=60, max_connections=2)
+    held = [connect(srv) for _ in range(2)]
+    for sock in held:
+        sock.sendall(b"GET / HTTP/1.1\r\n")
+    extra = connect(srv)  # accepted after the two above: the kernel's queue is first in, first out
+    answer = extra.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    wait_for(lambda: problems.count("overload") == 1, timeout=PATIENCE_S)
+    for sock in [*held, extra]:
+        sock.close()
+
+
+def test_the_listen_backlog_takes_a_burst_of_connections():
+    # Bound but not serving yet: every connection must wait in the kernel's backlog (5 before).
+    srv = HttpServer(hello, "127.0.0.1:0")
+    socks = []
+    try:
+        for _ in range(64):
+            s = socket.socket()
+            s.settimeout(5)
+            s.connect(("127.0.0.1", srv.port))  # times out once the backlog is full
+            socks.append(s)
+        srv.start()
+        for s in socks:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert all(s.recv(4096).startswith(b"HTTP/1.0 200") for s in socks)
+    finally:
+        for s in socks:
+            s.close()
+        srv.stop()
+
+
+def test_an_address_in_use_is_a_listen_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ListenError):
+            HttpServer(hello, f"127.0.0.1:{taken.getsockname()[1]}")
+
+
+def test_the_sidecar_counts_dropped_connections(tmp_path):
+    from conftest import parse_metrics, sample
+    from verl_exporter.config import ServeConfig
+    from verl_exporter.sidecar import Sidecar
+
+    side = Sidecar(ServeConfig(listen="127.0.0.1:0", collectors={"host": False}))
+    side.start()
+    try:
+        side.server._httpd.request_timeout = 0.3
+        sock = socket.create_connection(("127.0.0.1", side.server.port), timeout=PATIENCE_S)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        assert closed_by_server(sock)
+        sock.close()
+        metrics = parse_metrics(http_get(side.server.url + "/metrics")[2].decode())
+        assert sample(metrics, "verl_exporter_source_errors_total", component="http") == 1
+    finally:
+        side.stop()
+
+
+def test_the_relay_counts_dropped_connections():
+    from conftest import parse_metrics, sample
+    from verl_exporter.relay.app import Relay
+    from verl_exporter.relay.config import parse_config
+
+    doc = {"targets": {"wecom": {"type": "wecom", "url": "http://127.0.0.1:9/", "token_env": "WECOM_KEY"}},
+           "routes": [{"receivers": ["verl-critical"], "targets": ["wecom"]}]}
+    relay = Relay(parse_config(doc, environ={"WECOM_KEY": "k"}), listen="127.0.0.1:0").start()
+    try:
+        relay._server._httpd.request_timeout = 0.3
+        sock = socket.create_connection(("127.0.0.1", relay._server.port), timeout=PATIENCE_S)
+        sock.sendall(b"POST /alert/verl-critical HTTP/1.1\r\n")
+        assert closed_by_server(sock)
+        sock.close()
+        metrics = parse_metrics(http_get(relay.url + "/metrics")[2].decode())
+        assert sample(metrics, "verl_relay_requests_total", receiver="unknown", code="408") == 1
+        # the relay's /metrics negotiates like the sidecar's: q=0 means never
+        assert "Content-Encoding" not in http_get(relay.url + "/metrics", headers={"Accept-Encoding": "gzip;q=0"})[1]
+    finally:
+        relay.stop(drain_seconds=0)
+
+
+def test_a_client_that_stops_reading_the_answer_is_dropped(server):
+    big = b"x" * (64 << 20)  # more than the kernel buffers of both ends hold
+
+    def large(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(big)))])
+        return [big]
+
+    srv, problems = server(app=large, request_timeout=0.5)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", srv.port))
+    sock.sendall(b"GET / HTTP/1.0\r\n\r\n")  # and never read
+    wait_for(lambda: problems.count("timeout") == 1, timeout=PATIENCE_S)
+    assert problems.kinds == ["timeout"]
+    sock.close()
+
+
+def test_an_app_that_raises_answers_500_and_is_counted(server):
+    def broken(environ, start_response):
+        raise RuntimeError("bug")
+
+    srv, problems = server(app=broken)
+    assert http_get(srv.url + "/")[0] == 500
+    wait_for(lambda: problems.count("error") == 1, timeout=PATIENCE_S)
+    assert http_get(srv.url + "/")[0] == 500  # and the server goes on
