@@ -598,6 +598,17 @@ def test_collector_slow_path_size_of_the_latest_checkpoint(tmp_path):
     assert got == {("verl_checkpoint_latest_size_bytes", ()): expected}  # no verify series: --checkpoint-verify off
 
 
+def test_collector_size_counts_only_the_checkpoints_own_regular_files(tmp_path):
+    done = make_checkpoint(tmp_path, 100)
+    expected = sum(p.stat().st_size for p in done.rglob("*") if p.is_file())
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.bin"
+    outside.write_bytes(b"y" * 70_000)
+    (done / "link-out.bin").symlink_to(outside)  # not part of what the checkpoint holds
+    (done / "zero").symlink_to("/dev/zero")
+    collector = CheckpointCollector(make_ctx(tmp_path))
+    assert values(collector.sample_slow()) == {("verl_checkpoint_latest_size_bytes", ()): expected}
+
+
 def test_collector_verifies_each_manifest_once_until_something_changes(tmp_path, monkeypatch):
     for step in (10, 20, 30):
         make_checkpoint(tmp_path, step)

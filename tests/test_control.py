@@ -342,3 +342,11 @@ def test_two_requests_within_one_mtime_tick_are_both_seen(tmp_path):
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # a coarse clock: the same mtime
     reader.poll()
     assert reader.stop_requested
+
+
+def test_a_fifo_as_the_control_file_never_blocks_the_trainer(tmp_path):
+    path = tmp_path / "control.json"
+    os.mkfifo(path)  # nobody writes it: reading would block the step for ever
+    reader = ControlReader(str(path), clock=lambda: 0.0)
+    reader.poll()
+    assert reader.read_failures == 1 and not reader.stop_requested

@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -162,6 +163,9 @@ class ControlReader:
         # (coarse timestamps on NFS), so no request is missed.
         signature = (st.st_ino, st.st_mtime_ns, st.st_size)
         if signature == self._seen_file:
+            return
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the trainer's step in read()
+            self._failed(OSError(0, "not a regular file"))
             return
         try:
             doc = json.loads(self.path.read_text(encoding="utf-8"))

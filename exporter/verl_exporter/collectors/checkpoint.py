@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
 from ..checkpoint_manifest import (
@@ -170,14 +171,20 @@ def _last_activity(step_dir: Path) -> float | None:
 
 
 def _tree_size(step_dir: Path) -> int:
-    """Sum of file sizes under step_dir; unreadable folders and files removed mid-walk are skipped, not fatal."""
+    """Sum of the regular files' sizes under step_dir; unreadable folders and files removed mid-walk are skipped.
+
+    Symlinks are not followed (lstat), like the manifest's scan: one to a file outside the checkpoint, or to a
+    device, is not part of what the checkpoint holds on disk.
+    """
     total = 0
     for dirpath, _dirnames, filenames in os.walk(step_dir):
         for name in filenames:
             try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
+                st = os.lstat(os.path.join(dirpath, name))
             except OSError:
                 continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
     return total
 
 
