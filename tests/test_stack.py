@@ -62,6 +62,23 @@ def ready(url: str, proc: Proc) -> bool:
         return False
 
 
+def with_every_verl_key(lines: list[bytes]) -> list[bytes]:
+    """The demo's lines, two of them also carrying every key verl 0.9.1 can log that the demo run lacks.
+
+    The demo is a plain PPO run; verl's optional families (rollout correction, fully async, distillation,
+    MoE, ...) feed panels too, and every panel must show data. Keys come from the scan of the installed verl.
+    """
+    from test_verl_keys import verl_keys
+
+    keys = sorted(verl_keys()[0])
+    out = list(lines)
+    for i, value in ((-40, 0.25), (-10, 0.5)):  # two points, so rate()/deriv() panels have data
+        doc = json.loads(out[i])
+        doc["data"].update({k: value for k in keys if k not in doc["data"]})
+        out[i] = json.dumps(doc).encode() + b"\n"
+    return out
+
+
 def checkpoint_dir(root: Path) -> Path:
     """verl's layout: global_step_N/{actor,critic}/..., data.pt, and the tracker file; with a manifest."""
     ckpt = root / "ckpt"
@@ -85,7 +102,7 @@ def stack(tmp_path_factory):
     try:
         # -- the sidecar, following a replayed run up to just after the NaN steps, plus one garbage line
         log = root / "verl.jsonl"
-        log.write_bytes(b"".join(demo_lines()[:240]) + b"this line is garbage\n")
+        log.write_bytes(b"".join(with_every_verl_key(demo_lines()[:240])) + b"this line is garbage\n")
         ckpt = checkpoint_dir(root)
         sport = free_port()
         sidecar_url = f"http://127.0.0.1:{sport}"
