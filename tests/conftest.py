@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -70,6 +72,51 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+class Proc:
+    """A real program a test started, its output in a log file that is shown when it dies early."""
+
+    def __init__(self, name: str, argv: list[str], log: Path | None = None, env: dict | None = None):
+        self.name = name
+        if log is None:
+            fd, path = tempfile.mkstemp(prefix=f"verl-exporter-test-{name}-", suffix=".log")
+            os.close(fd)
+            log = Path(path)
+        self.log = log
+        self.out = log.open("wb")
+        self.p = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def alive(self) -> bool:
+        if self.p.poll() is not None:
+            raise AssertionError(f"{self.name} exited: {self.log.read_text(errors='replace')[-3000:]}")
+        return True
+
+    def stop(self) -> None:
+        self.p.terminate()
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        self.out.close()
+
+
+def ready(url: str, proc: Proc) -> bool:
+    """True once the program answers 200 at url; fails the test at once when it has exited."""
+    proc.alive()
+    try:
+        return http_get(url, timeout=1)[0] == 200
+    except OSError:
+        return False
+
+
+def am_post_alerts(api: str, alerts: list[dict]) -> None:
+    """Post alerts to a real Alertmanager's API v2, as Prometheus does."""
+    req = urllib.request.Request(api + "/api/v2/alerts", data=json.dumps(alerts).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
 
 
 class ServeProcess:

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import REPO, free_port, require_tool, wait_for
+from conftest import REPO, Proc, am_post_alerts, free_port, ready, require_tool, wait_for
 
 AM_CONFIG = REPO / "alertmanager" / "alertmanager.yml"
 
@@ -68,14 +68,6 @@ def test_every_alert_reaches_its_team_and_severity_and_every_route_is_reached():
     assert named - set(reached) <= {config["route"]["receiver"]}  # only the root's catch-all is extra
 
 
-def _post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
-    body = json.dumps([{"labels": labels} for labels in alerts]).encode()
-    req = urllib.request.Request(f"{url}/api/v2/alerts", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
-
-
 def _states(url: str, run: str) -> dict[str, tuple[str, list[str]]]:
     """{alertname: (fingerprint, fingerprints of the alerts that inhibit it)} of one run, as Alertmanager says."""
     with urllib.request.urlopen(f"{url}/api/v2/alerts", timeout=10) as r:
@@ -93,19 +85,10 @@ def test_every_inhibit_rule_fires_in_a_real_alertmanager(tmp_path):
     assert rules, "the pack has root-cause alerts; expected inhibit rules"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([binary, f"--config.file={AM_CONFIG}", f"--storage.path={tmp_path}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = Proc("alertmanager", [binary, f"--config.file={AM_CONFIG}", f"--storage.path={tmp_path}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
     try:
-        def ready():
-            assert proc.poll() is None, "alertmanager exited"
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for(ready, timeout=30)
+        wait_for(lambda: ready(f"{url}/-/ready", proc), timeout=30)
         never = []
         for rule in rules:
             (source,) = [m.split('"')[1] for m in rule["source_matchers"]]
@@ -113,7 +96,7 @@ def test_every_inhibit_rule_fires_in_a_real_alertmanager(tmp_path):
             assert source in alerts and all(t in alerts for t in targets), rule
             # each rule on a run of its own: Alertmanager names only the first alert that inhibits a target
             run = f"inhibit-{len(never)}-{source}"
-            _post_alerts(url, [{**alerts[name], "run": run} for name in (source, *targets)])
+            am_post_alerts(url, [{"labels": {**alerts[name], "run": run}} for name in (source, *targets)])
 
             def inhibited_by_source(src=source, ts=targets, run=run):
                 states = _states(url, run)
@@ -127,5 +110,4 @@ def test_every_inhibit_rule_fires_in_a_real_alertmanager(tmp_path):
             assert not _states(url, run)[source][1], f"{source} must not be inhibited itself"
         assert not never, "inhibit rules that never fired:\n" + "\n".join(never)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        proc.stop()

@@ -18,7 +18,18 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import REPO, free_port, http_get, parse_metrics, require_tool, sample, wait_for
+from conftest import (
+    REPO,
+    Proc,
+    am_post_alerts,
+    free_port,
+    http_get,
+    parse_metrics,
+    ready,
+    require_tool,
+    sample,
+    wait_for,
+)
 from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import RelayConfigError, Secret, load_config, parse_config
@@ -699,11 +710,11 @@ def test_end_to_end_with_the_real_alertmanager(robots, start_relay, tmp_path):
     (tmp_path / "am.yml").write_text(yaml.safe_dump(am))
     port = free_port()
     api = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = Proc("alertmanager", [binary, f"--config.file={tmp_path / 'am.yml'}",
+                                 f"--storage.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                                 "--cluster.listen-address="])
     try:
-        wait_for(lambda: _am_ready(api, proc), timeout=20)
+        wait_for(lambda: ready(api + "/-/ready", proc), timeout=20)
         now = datetime.now(timezone.utc)
         labels = {"alertname": "VerlGpuXid", "severity": "critical", "job": "verl", "run": "e2e", "rank": "3",
                   "instance": "node3:9477"}
@@ -712,7 +723,7 @@ def test_end_to_end_with_the_real_alertmanager(robots, start_relay, tmp_path):
                                  "description": "Drain node3 and reboot it.",
                                  "runbook_url": "https://example.org/runbook#verlgpuxid"},
                  "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat()}
-        _am_post(api, [alert])
+        am_post_alerts(api, [alert])
         wait_for(lambda: dt.messages and wc.messages, timeout=15)
         fired = dt.messages[0]
         assert "FIRING · CRITICAL · VerlGpuXid" in fired["markdown"]["text"]
@@ -721,7 +732,7 @@ def test_end_to_end_with_the_real_alertmanager(robots, start_relay, tmp_path):
         assert fired["at"]["atMobiles"] == [MOBILE] and f"@{MOBILE}" in fired["markdown"]["text"]
         assert "<@zhangsan>" in wc.messages[0]["markdown"]["content"]
 
-        _am_post(api, [{**alert, "endsAt": (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()}])
+        am_post_alerts(api, [{**alert, "endsAt": (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()}])
         wait_for(lambda: any("RESOLVED · CRITICAL · VerlGpuXid" in t for t in texts(dt)), timeout=15)
         resolved = next(m for m in dt.messages if "RESOLVED" in m["markdown"]["text"])
         assert resolved["at"] == {"atMobiles": [], "isAtAll": False}  # nobody is woken for a resolution
@@ -729,27 +740,7 @@ def test_end_to_end_with_the_real_alertmanager(robots, start_relay, tmp_path):
         m = metrics(relay)
         assert sample(m, "verl_relay_requests_total", receiver="verl-critical", code="200") >= 2
     finally:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _am_ready(api: str, proc) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(proc.stdout.read().decode())
-    try:
-        return http_get(api + "/-/ready", timeout=1)[0] == 200
-    except OSError:
-        return False
-
-
-def _am_post(api: str, alerts: list[dict]) -> None:
-    req = urllib.request.Request(api + "/api/v2/alerts", data=json.dumps(alerts).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        assert resp.status == 200
+        proc.stop()
 
 
 def test_payload_round_trips_through_the_spool_form():

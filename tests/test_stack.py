@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
@@ -19,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import REPO, free_port, http_get, require_tool, wait_for
+from conftest import REPO, Proc, free_port, http_get, ready, require_tool, wait_for
 from robots import FakeDingTalk
 from verl_exporter import Monitor
 from verl_exporter.checkpoint_manifest import write_manifest
@@ -32,34 +31,6 @@ from verl_exporter.spec import load_spec
 CONTROL_TOKEN = "stack-control-token"
 DT_TOKEN, DT_SECRET = "dt-access-token", "SECstacksecret"
 NAN_ALERT = "VerlNonFiniteGradNorm"
-
-
-class Proc:
-    def __init__(self, name: str, argv: list[str], env: dict | None = None):
-        self.name = name
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **(env or {})})
-
-    def alive(self) -> bool:
-        if self.p.poll() is not None:
-            raise AssertionError(f"{self.name} exited: {self.p.stdout.read().decode()[-3000:]}")
-        return True
-
-    def stop(self) -> None:
-        self.p.terminate()
-        try:
-            self.p.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.communicate()
-
-
-def ready(url: str, proc: Proc) -> bool:
-    proc.alive()
-    try:
-        return http_get(url, timeout=1)[0] == 200
-    except OSError:
-        return False
 
 
 def with_every_verl_key(lines: list[bytes]) -> list[bytes]:

@@ -13,7 +13,6 @@ engine can replace it.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, free_port, http_get, require_tool, wait_for
+from conftest import REPO, Proc, free_port, http_get, ready, require_tool, wait_for
 from verl_exporter.demo import _nonfinite_steps, demo_lines
 
 pytestmark = pytest.mark.integration
@@ -43,35 +42,6 @@ SIDECAR_OFF = ["--no-collector.gpu", "--no-collector.gpu_processes", "--no-colle
 ENGINE_LABELS = {"alertgroup"}
 # What both store from scrapes (not rule results): vmagent adds scrape_timeout_seconds, Prometheus 2.42 not.
 SCRAPED = '{job="verl", __name__!~"scrape_timeout_seconds|ALERTS|ALERTS_FOR_STATE|.+:.+"}'
-
-
-class Proc:
-    def __init__(self, name: str, argv: list[str], log: Path):
-        self.name, self.log = name, log
-        self.out = log.open("wb")
-        self.p = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT)
-
-    def alive(self) -> bool:
-        if self.p.poll() is not None:
-            raise AssertionError(f"{self.name} exited: {self.log.read_text(errors='replace')[-3000:]}")
-        return True
-
-    def stop(self) -> None:
-        self.p.terminate()
-        try:
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-        self.out.close()
-
-
-def ready(url: str, proc: Proc) -> bool:
-    proc.alive()
-    try:
-        return http_get(url, timeout=1)[0] == 200
-    except OSError:
-        return False
 
 
 def get_json(url: str) -> dict:
