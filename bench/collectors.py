@@ -38,13 +38,12 @@ from fake_pynvml import PROBE_COSTS_US, FakeNvml  # noqa: E402
 from foundation import (  # noqa: E402
     NODE_EXPORTER_NAMES,
     Proc,
-    extra_keys_line,
+    demo_log_bytes,
     free_port,
     scrape_latency,
     start_node_exporter,
     step_of,
 )
-from verl_exporter.demo import demo_lines  # noqa: E402
 
 N_GPUS = 8
 NVLINK_LINKS = 18  # H100 / H200 SXM
@@ -151,9 +150,8 @@ def bench_scrape(args, out) -> dict:
     node_bin = next((b for b in map(shutil.which, NODE_EXPORTER_NAMES) if b), None)
     workdir = Path(tempfile.mkdtemp(prefix="verl-exporter-bench-collectors-"))
     log_path = workdir / "verl.jsonl"
-    lines = demo_lines()
-    last_step = json.loads(lines[-1])["step"]
-    log_path.write_bytes(b"".join(lines) + extra_keys_line(last_step))
+    content, last_step = demo_log_bytes()
+    log_path.write_bytes(content)
     procs: list[Proc] = []
     session = requests.Session()
     results: dict = {}

@@ -33,8 +33,16 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 # isort: split
 
 import requests
-from foundation import NODE_EXPORTER_NAMES, Proc, extra_keys_line, free_port, percentile, series_count, step_of
-from verl_exporter.demo import demo_lines
+from foundation import (
+    NODE_EXPORTER_NAMES,
+    Proc,
+    demo_log_bytes,
+    free_port,
+    percentile,
+    series_count,
+    start_sidecar,
+    step_of,
+)
 
 # About the sidecar's series count with the demo run (checked and printed on each run).
 NODE_COLLECTORS = ("cpu", "meminfo", "diskstats", "netdev", "filesystem", "vmstat", "loadavg", "stat")
@@ -131,18 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="verl-exporter-bench-"))
     log_path = workdir / "verl.jsonl"
-    lines = demo_lines()
-    last_step = json.loads(lines[-1])["step"]
-    log_path.write_bytes(b"".join(lines) + extra_keys_line(last_step))
+    content, last_step = demo_log_bytes()
+    log_path.write_bytes(content)
     procs: list[Proc] = []
     session = requests.Session()
     results: dict = {"clients": args.clients, "slow": args.slow, "scrapes_per_client": scrapes}
     try:
-        port = free_port()
-        sidecar = Proc("sidecar", [sys.executable, "-m", "verl_exporter", "serve", "--listen", f"127.0.0.1:{port}",
-                                   "--verl-log", str(log_path), "--run", "bench", "--rank", "0"],
-                       f"http://127.0.0.1:{port}/metrics", workdir)
-        procs.append(sidecar)
+        sidecar = start_sidecar(procs, workdir, log_path)
         nport = free_port()
         # --web.max-requests=0: by default node_exporter answers 503 beyond 40 at once, which would flatter it
         node = Proc("node_exporter", [node_bin, f"--web.listen-address=127.0.0.1:{nport}", "--web.max-requests=0",

@@ -222,6 +222,23 @@ def extra_keys_line(step: int) -> bytes:
     return json.dumps({"step": step, "data": data}, separators=(",", ":")).encode() + b"\n"
 
 
+def demo_log_bytes() -> tuple[bytes, int]:
+    """The bundled demo run plus the multi-turn extras, as the sidecar benches follow it, and its last step."""
+    lines = demo_lines()
+    last_step = json.loads(lines[-1])["step"]
+    return b"".join(lines) + extra_keys_line(last_step), last_step
+
+
+def start_sidecar(procs: list, workdir: Path, log_path: Path) -> Proc:
+    """A real `verl-exporter serve` following log_path, on a free port; added to procs (stopped by the caller)."""
+    port = free_port()
+    sidecar = Proc("sidecar", [sys.executable, "-m", "verl_exporter", "serve", "--listen", f"127.0.0.1:{port}",
+                               "--verl-log", str(log_path), "--run", "bench", "--rank", "0"],
+                   f"http://127.0.0.1:{port}/metrics", workdir)
+    procs.append(sidecar)
+    return sidecar
+
+
 def fmt_list(xs: list[float]) -> str:
     return ", ".join(f"{x:.2f}" for x in xs)
 
@@ -374,18 +391,13 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="verl-exporter-bench-"))
     log_path = workdir / "verl.jsonl"
-    lines = demo_lines()
-    last_step = json.loads(lines[-1])["step"]
+    content, last_step = demo_log_bytes()
     log_file = open(log_path, "wb", buffering=0)  # noqa: SIM115 - like verl's FileLogger; closed below
-    log_file.write(b"".join(lines) + extra_keys_line(last_step))
+    log_file.write(content)
     procs: list[Proc] = []
     session = requests.Session()
     try:
-        port = free_port()
-        sidecar = Proc("sidecar", [sys.executable, "-m", "verl_exporter", "serve", "--listen", f"127.0.0.1:{port}",
-                                   "--verl-log", str(log_path), "--run", "bench", "--rank", "0"],
-                       f"http://127.0.0.1:{port}/metrics", workdir)
-        procs.append(sidecar)
+        sidecar = start_sidecar(procs, workdir, log_path)
         node = start_node_exporter(node_bin, workdir, procs, out)
 
         sidecar.wait_ready(session, until=lambda text: (step_of(text) or 0) >= last_step)
