@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .detect import Detectors
 from .exposition import FamilyRenderer
 from .families import family
 from .mapper import KeyMapper, unmapped_name
@@ -82,6 +83,8 @@ class TrainingStore:
         self._nonfinite_metric = spec.with_field("nonfinite")
         self._unmapped_specs: dict[str, MetricSpec] = {}
         self._renderer = FamilyRenderer(self._const)
+        # Step-domain baselines of the spec's adaptive signals, exported as verl_detector_* gauges.
+        self.detectors = Detectors.from_spec(spec)
 
     # ------------------------------------------------------------------ writing
     def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
@@ -99,6 +102,7 @@ class TrainingStore:
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 if float(step) != self._step:
                     self._step_times.append(seen_at)
+                    self.detectors.observe(step, data, seen_at)
                 self._step = float(step)
                 self._step_time = seen_at
             elif step is not None:
@@ -191,12 +195,14 @@ class TrainingStore:
             unmapped = dict(self._unmapped)
             nonfinite = dict(self._nonfinite)
             step, step_time = self._step, self._step_time
+            detector_rows = self.detectors.rows()
         out: list[tuple[MetricSpec, dict]] = []
         if step is not None:
             out.append((self._step_metric, {(): step}))
             out.append((self._step_time_metric, {(): step_time}))
         out.append((self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}))
         out.extend((self._spec[name], series[name]) for name in sorted(series))
+        out.extend((self._spec[name], rows) for name, rows in sorted(detector_rows.items()))
         for name in sorted(unmapped):
             key, value = unmapped[name]
             out.append((self._unmapped_spec(name, key), {(): value}))
