@@ -15,7 +15,7 @@ from verl_exporter import replay as rp
 RULES = REPO / "rules"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backtest(profile: str, fault: str | None = None, at: int = 0, tail_s: float = 0.0,
              rules: str = str(RULES)) -> tuple[rp.Samples, list[rp.Firing], list[dict]]:
     lines = rp.simulate(profile, rp.Fault(fault, at) if fault else None)
