@@ -263,7 +263,7 @@ def replay(lines: list[dict], spec: Spec | None = None, run: str = "replay", scr
     for d in durations:
         t += d
         ends.append(t)
-    scrapes = int((t + tail_s) // scrape_s) + 1
+    scrapes = math.ceil((t + tail_s) / scrape_s) + 1  # the last scrape comes after the last line
     return replay_timed(list(zip(ends, lines, strict=True)), scrapes, spec, run=run, scrape_s=scrape_s,
                         progress=progress)
 
