@@ -89,6 +89,7 @@ class TrainingStore:
     # ------------------------------------------------------------------ writing
     def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
         """Record one logged step. Never raises on bad values: they are counted instead."""
+        new_step = False
         with self._lock:
             for key, raw in data.items():
                 # Fast path first: verl's values are floats and ints; flatten only what is nested.
@@ -102,11 +103,14 @@ class TrainingStore:
             if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
                 if float(step) != self._step:
                     self._step_times.append(seen_at)
-                    self.detectors.observe(step, data, seen_at)
+                    new_step = True
                 self._step = float(step)
                 self._step_time = seen_at
             elif step is not None:
                 self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
+        if new_step:
+            # Outside the lock (a scrape never waits for it); each signal swaps in a new stats dict at once.
+            self.detectors.observe(step, data, seen_at)
 
     def _put_raw(self, key: Any, raw: Any) -> None:
         value = as_number(raw)
