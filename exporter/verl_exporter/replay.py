@@ -352,8 +352,10 @@ def _labels_text(name: str, labels: tuple[tuple[str, str], ...]) -> str:
     return f"{name}{{{inner}}}"
 
 
-def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = None) -> list[Firing]:
-    """Every alert start (minute by minute) of the generated rules over the samples, with its value."""
+def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = None,
+             minutes_firing: dict[str, int] | None = None) -> list[Firing]:
+    """Every alert start (minute by minute) of the generated rules over the samples, with its value; when
+    minutes_firing is given, it is filled with the minutes each alert (any of its label sets) fired."""
     import yaml
 
     promtool = promtool or shutil.which("promtool")
@@ -386,18 +388,26 @@ def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = Non
                                   "values": series_text(v + [None] * (minutes - len(v)))}
                                  for (n, lab), v in samples.series.items()],
                 "promql_expr_test": [{"expr": starts, "eval_time": f"{m}m", "exp_samples": []}
-                                     for m in range(1, minutes)],
+                                     for m in range(1, minutes)] + [
+                    {"expr": f'sum by (alertname) (count_over_time(ALERTS{{alertstate="firing"}}[{minutes}m]))',
+                     "eval_time": f"{minutes - 1}m", "exp_samples": []}],
             }],
         }
         path = Path(tmp) / "backtest-test.yaml"
         path.write_text(json.dumps(doc))
         proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
     out: list[Firing] = []
-    minute = 0
+    minute, counting = 0, False
     for line in (proc.stdout + proc.stderr).splitlines():
         m = re.match(r'\s*expr: .*, time: ([0-9hms.]+),?\s*$', line)
         if m:
             minute = int(duration_seconds(m.group(1).replace(".", "")) // 60)
+            counting = "count_over_time" in line
+            continue
+        if counting:
+            for alert, count in re.findall(r'alertname="(\w+)"\} ([^\s,\]]+)', line):
+                if minutes_firing is not None:
+                    minutes_firing[alert] = int(float(count))
             continue
         m = re.match(r"\s*got: (.*)", line) or re.match(r"\s*(\{.*\}) (\S+)$", line)
         if m:
