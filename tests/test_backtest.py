@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from conftest import require_tool
 from verl_exporter import replay as rp
 from verl_exporter.cli import main
@@ -36,6 +38,26 @@ def test_a_file_that_is_not_a_verl_log_gets_a_clear_error(tmp_path, capsys):
     bad.write_text('{"time": 1, "msg": "hello"}\nnot json\n')
     assert main(["backtest", str(bad), "--html-dir", ""]) == 2
     out = capsys.readouterr().out
-    assert "not a verl file-logger log" in out and "events.jsonl" in out
+    assert "not a verl log" in out and "events.jsonl" in out
     assert main(["backtest", str(tmp_path / "missing.jsonl"), "--html-dir", ""]) == 2
     assert "No such file" in capsys.readouterr().out
+
+
+def test_console_logs_are_read_as_verl_runs(tmp_path):
+    """verl's console logger lines (as committed logs and wandb output.log files hold them) convert to records."""
+    log = tmp_path / "train.log"
+    log.write_text("\x1b[36m(TaskRunner pid=7)\x1b[0m step:1 - actor/grad_norm:np.float64(0.41) - "
+                   "critic/score/mean:0.025 - actor/lr(1e-4):0.010 - note:hello\n"
+                   "some other output\n"
+                   "step:2 - actor/grad_norm:nan - critic/score/mean:0.5 - timing/step:12.5\n")
+    lines = rp.read_jsonl(log)
+    assert lines == [{"step": 1, "data": {"actor/grad_norm": 0.41, "critic/score/mean": 0.025,
+                                          "actor/lr(1e-4)": 0.01}},
+                     {"step": 2, "data": {"actor/grad_norm": None, "critic/score/mean": 0.5, "timing/step": 12.5}}]
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    out = subprocess.run([sys.executable, str(REPO / "scripts/console_to_jsonl.py"), str(log)],
+                         capture_output=True, text=True, check=True).stdout
+    assert [json.loads(x) for x in out.splitlines()] == lines
