@@ -180,9 +180,12 @@ class CircuitBreaker:
 
     @classmethod
     def from_spec(cls, spec: Spec, **kwargs) -> CircuitBreaker:
-        """The spec's critical alerts as rules, with the spec's signals for its detector alerts."""
-        return cls(rules_from_spec(spec) + detector_rules_from_spec(spec), detectors=Detectors.from_spec(spec),
-                   **kwargs)
+        """The spec's critical alerts as rules, with the spec's signals their detector alerts read (only those:
+        the breaker pays for no signal it does not judge)."""
+        detector_rules = detector_rules_from_spec(spec)
+        needed = {r.key for r in detector_rules} | {c[0] for r in detector_rules for c in r.confirm}
+        return cls(rules_from_spec(spec) + detector_rules,
+                   detectors=Detectors([sig for sig in spec.signals() if sig.name in needed], spec), **kwargs)
 
     def observe(self, step: Any, data: dict) -> tuple[list[Anomaly], Trip | None]:
         """Check one step. Returns its anomalies and, on the step that trips the breaker, the Trip."""
