@@ -18,7 +18,7 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 # isort: split
 from prometheus_client import CollectorRegistry, Gauge  # noqa: E402
-from verl_exporter.breaker import CircuitBreaker, rules_from_spec  # noqa: E402
+from verl_exporter.breaker import CircuitBreaker  # noqa: E402
 from verl_exporter.demo import demo_lines  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
 
@@ -38,8 +38,8 @@ def main() -> int:
     args = p.parse_args()
     steps = [json.loads(line)["data"] for line in demo_lines()]
     data = [{k: v for k, v in d.items() if isinstance(v, (int, float)) or v is None} for d in steps]
-    rules = rules_from_spec(load_spec())
-    breaker = CircuitBreaker(rules, window=50, min_samples=10, consecutive=10**9)  # never trips: steady state
+    breaker = CircuitBreaker.from_spec(load_spec(), consecutive=10**9)  # never trips: steady state
+    rules = breaker.rules + breaker.detector_rules  # with the step-domain detectors of the spec's signals
 
     def observe(n):
         for i in range(n):

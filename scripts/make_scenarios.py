@@ -56,10 +56,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "exporter"))
 
-from verl_exporter.render.promql import MIN_SAMPLES, adaptive_lag  # noqa: E402
+from verl_exporter.render.promql import MIN_SAMPLES  # noqa: E402
 from verl_exporter.render.rule_tests import expand  # noqa: E402
 from verl_exporter.render.rules import runbook_url  # noqa: E402
 from verl_exporter.render.templating import quote  # noqa: E402
+from verl_exporter.replay import replay_timed  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
 from verl_exporter.spec.rules import Alert, duration_seconds  # noqa: E402
 
@@ -185,29 +186,32 @@ GRPO = Profile(kind="grpo", run="grpo-gsm8k", critic=False, prompts=64, n=5, pro
                kl0=0.0002, kl_gain=0.03, kl_tau=120, ent0=1.05, ent_end=0.45, ent_tau=110, score0=0.1,
                score_gain=0.62, score_mid=140, val0=0.15, val_gain=0.6, val_mid=150)
 
-# The exported driver series: (state key, metric, metric labels).
-DRIVER_SERIES = (
-    ("grad", "verl_actor_grad_norm", {}),
-    ("pg_loss", "verl_actor_pg_loss", {}),
-    ("kl", "verl_actor_kl_loss", {}),
-    ("ppo_kl", "verl_actor_ppo_kl", {}),
-    ("entropy", "verl_actor_entropy", {}),
-    ("clipfrac", "verl_actor_pg_clip_ratio", {"bound": "upper"}),
-    ("score", "verl_critic_score", {"stat": "mean"}),
-    ("vf_loss", "verl_critic_vf_loss", {}),
-    ("vf_ev", "verl_critic_vf_explained_variance", {}),
-    ("len", "verl_response_length_tokens", {"stat": "mean", "subset": "all"}),
-    ("clip", "verl_response_length_clip_ratio", {"subset": "all"}),
-    ("aborted", "verl_response_aborted_ratio", {}),
-    ("step_s", "verl_timing_seconds", {"phase": "step"}),
-    ("gen", "verl_timing_seconds", {"phase": "gen"}),
-    ("update_actor", "verl_timing_seconds", {"phase": "update_actor"}),
-    ("update_weights", "verl_timing_seconds", {"phase": "update_weights"}),
-    ("agent_mean", "verl_agent_loop_timing_seconds", {"section": "generate_sequences", "stat": "mean"}),
-    ("throughput", "verl_perf_throughput_tokens_per_second", {}),
-    ("mfu", "verl_mfu_ratio", {"role": "actor", "source": "perf"}),
-    ("mem", "verl_perf_max_memory_reserved_bytes", {}),
-    ("val", "verl_validation_score", VAL_LABELS),
+# The driver's logged keys: (state key, verl key, divisor). They are written as verl's file logger would and
+# replayed through the real follower, store, mapper and detectors (verl_exporter.replay): no series is
+# made here by hand for the driver.
+VERL_KEYS = (
+    ("grad", "actor/grad_norm", 1.0),
+    ("pg_loss", "actor/pg_loss", 1.0),
+    ("kl", "actor/kl_loss", 1.0),
+    ("ppo_kl", "actor/ppo_kl", 1.0),
+    ("entropy", "actor/entropy", 1.0),
+    ("clipfrac", "actor/pg_clipfrac", 1.0),
+    ("score", "critic/score/mean", 1.0),
+    ("vf_loss", "critic/vf_loss", 1.0),
+    ("vf_ev", "critic/vf_explained_var", 1.0),
+    ("len", "response_length/mean", 1.0),
+    ("clip", "response_length/clip_ratio", 1.0),
+    ("aborted", "response/aborted_ratio", 1.0),
+    ("step_s", "timing_s/step", 1.0),
+    ("gen", "timing_s/gen", 1.0),
+    ("update_actor", "timing_s/update_actor", 1.0),
+    ("update_weights", "timing_s/update_weights", 1.0),
+    ("gen_ms_per_token", "timing_per_token_ms/gen", 1.0),
+    ("agent_mean", "timing_s/agent_loop/generate_sequences/mean", 1.0),
+    ("throughput", "perf/throughput", 1.0),
+    ("mfu", "perf/mfu/actor", 1.0),
+    ("mem", "perf/max_memory_reserved_gb", GIB),
+    ("val", "val-core/openai/gsm8k/reward/mean@1", 1.0),
 )
 NONFINITE = "verl_training_nonfinite_values_total"
 
@@ -253,6 +257,7 @@ def derive(p: Profile, i: int, s: dict[str, float]) -> None:
     s["gen"] = (p.gen0 + p.gen_per_token * s["len"]) * s["gen_x"]
     # per-sample latency of the agent loop: all requests of the batch are in flight together
     s["agent_mean"] = 0.55 * s["gen"] * s["agent_x"]
+    s["gen_ms_per_token"] = 1000 * s["gen"] / (p.prompts * p.n * max(s["len"], 1.0))
     s["update_actor"] = p.actor_s_per_token * tokens * s["actor_x"]
     s["update_weights"] = p.weights_s * s["weights_x"]
     extra = (p.testing_s if "val" in s else 0.0) + (p.save_s if i % p.save_every == 0 else 0.0)
@@ -268,7 +273,7 @@ class Step:
     index: int
     start: float  # seconds since the sidecars started
     end: float
-    values: dict[Key, float]
+    data: dict[str, float | None]  # the line verl logs (NaN as null)
 
 
 @dataclass
@@ -312,7 +317,6 @@ class Run:
 def simulate(p: Profile, fault: Fault, length: int) -> list[Step]:
     rng = rng_for(p.kind, "steps")
     steps: list[Step] = []
-    nonfinite: dict[str, float] = {}
     t, i = p.start_s, 0
     horizon = (length - 1) * 60.0
     while True:
@@ -326,43 +330,25 @@ def simulate(p: Profile, fault: Fault, length: int) -> list[Step]:
         end = t + s["step_s"]
         if end > horizon:
             break
-        values: dict[Key, float] = {key("verl_training_step", {}): float(i),
-                                    key("verl_training_last_step_timestamp_seconds", {}): float(round(end))}
-        for state_key, name, labels in DRIVER_SERIES:
-            if state_key not in s:
-                continue
-            v = s[state_key]
-            if math.isnan(v):
-                nonfinite[name] = nonfinite.get(name, 0.0) + 1
-                values[key(NONFINITE, {"metric": name})] = nonfinite[name]
-            elif name.endswith("_bytes"):
-                v = float(round(v / MIB) * MIB)
-            else:
-                v = sig4(v)
-            values[key(name, labels)] = v
-        for name, count in nonfinite.items():
-            values[key(NONFINITE, {"metric": name})] = count
-        steps.append(Step(i, t, end, values))
+        data: dict[str, float | None] = {}
+        for state_key, verl_key, divisor in VERL_KEYS:
+            if state_key in s:
+                v = s[state_key] / divisor
+                data[verl_key] = None if math.isnan(v) else sig4(v)
+        steps.append(Step(i, t, end, data))
         t = end
     return steps
 
 
 def sample_driver(run: Run) -> None:
-    """The sidecar keeps the latest value of every key it has seen; Prometheus scrapes it every minute."""
-    base = run.labels("0")
-    current: dict[Key, float] = {}
-    out: dict[Key, list[float | None]] = {}
-    j = 0
-    for m in range(run.length):
-        while j < len(run.steps) and run.steps[j].end <= m * 60:
-            current.update(run.steps[j].values)
-            j += 1
-        for k, v in current.items():
-            out.setdefault(k, [None] * run.length)[m] = v
-    order = ["verl_training_step", "verl_training_last_step_timestamp_seconds", NONFINITE] + \
-        [name for _, name, _ in DRIVER_SERIES]
-    for (name, labels), values in sorted(out.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
-        run.add(name, {**base, **dict(labels)}, values)
+    """The driver's sidecar follows the log on the replay engine's simulated clock; Prometheus scrapes it every
+    minute (a minute may show no new step or skip one, as a real scrape does)."""
+    events = [(float(round(st.end)), {"step": st.index, "data": st.data}) for st in run.steps]
+    samples = replay_timed(events, run.length, run=run.profile.run, instance=RANKS[0][0])
+    for (name, labels), values in samples.series.items():
+        if name == "up":
+            continue  # build_run adds Prometheus's up for every sidecar
+        run.add(name, dict(labels), values + [None] * (run.length - len(values)))
 
 
 def power_cap_pattern(rng: random.Random, length: int) -> list[float]:
@@ -628,16 +614,22 @@ def scenarios() -> list[Scenario]:
     def threshold(alert: str) -> float:
         return float(alerts[alert].threshold)
 
-    def adaptive(alert: str, why: str, **match: str) -> Callable[[Run], Expect]:
-        """An adaptive alert's condition, with its window, lag, k and direction read from the spec."""
+    def detector(alert: str, why: str) -> Callable[[Run], Expect]:
+        """A detector alert's condition on the step-domain gauges, with its signal, k and change from the spec."""
         a = alerts[alert]
-        w, lag = duration_seconds(a.window) // 60, duration_seconds(adaptive_lag(a)) // 60
+        stat = "verl_detector_sustained_drop_zscore" if a.direction == "down" else \
+            "verl_detector_sustained_rise_zscore"
         sign = -1 if a.direction == "down" else 1
 
         def make(run: Run) -> Expect:
-            v = run.s(a.metric, **match)
-            return Expect(alert, run.out_labels(a.metric, **match),
-                          lambda m: (zscore(v, m, w, lag, a.rel_floor) or 0) * sign > a.k, why)
+            z = run.s(stat, signal=a.signal)
+            rel = run.s("verl_detector_relative_change", signal=a.signal) if a.change else None
+
+            def cond(m: int) -> bool:
+                if (inst(z, m) or 0) <= a.k:
+                    return False
+                return rel is None or (inst(rel, m) or 0) * sign > a.change
+            return Expect(alert, run.out_labels(stat, signal=a.signal), cond, why, lambda m: inst(z, m))
         return make
 
     def add(slug: str, title: str, fault: Fault, expects: Callable[[Run], list[Expect]], at: int = F) -> None:
@@ -657,11 +649,10 @@ def scenarios() -> list[Scenario]:
             s["grad"] *= 8
 
     def spike_expect(run: Run) -> Expect:
-        g = run.s("verl_actor_grad_norm")
-        return Expect("VerlGradNormSpike", run.out_labels("verl_actor_grad_norm"),
-                      lambda m: inst(g, m) is not None and not math.isnan(inst(g, m))
-                      and inst(g, m) > 10 * vmax(window(g, m, 60, 5)),
-                      "the first exploding step to be logged", lambda m: inst(g, m))
+        r = run.s("verl_detector_spike_ratio", signal="grad_norm")
+        return Expect("VerlGradNormSpike", run.out_labels("verl_detector_spike_ratio", signal="grad_norm"),
+                      lambda m: (inst(r, m) or 0) > 10,
+                      "the first exploding step to be logged (over 10x the window's largest)", lambda m: inst(r, m))
 
     def nonfinite_expect(run: Run, alert: str, metric: str, why: str) -> Expect:
         c = run.s(NONFINITE, metric=metric)
@@ -682,159 +673,6 @@ def scenarios() -> list[Scenario]:
         Fault(state=after(F, nan_loss)),
         lambda run: [nonfinite_expect(run, "VerlNonFiniteLoss", "verl_actor_pg_loss",
                                       "the first NaN step to be logged")])
-
-    def kl_ramp(top: float, minutes: int) -> Callable[[int, float, dict], None]:
-        def fn(k: int, start: float, s: dict) -> None:
-            s["kl"] = s["kl"] + (top - s["kl"]) * min(1.0, (k + 1) / minutes)
-        return fn
-
-    def kl_threshold(alert: str) -> Callable[[Run], Expect]:
-        level = threshold(alert)
-
-        def make(run: Run) -> Expect:
-            kl = run.s("verl_actor_kl_loss")
-            return Expect(alert, run.out_labels("verl_actor_kl_loss"), lambda m: inst(kl, m) > level,
-                          f"the KL ramp to cross {level}", lambda m: inst(kl, m))
-        return make
-
-    kl_drift = adaptive("VerlKLDrift", "the KL to rise 4 sigma above its 2h baseline, which ends 25m back")
-
-    add("kl-above-0.2", "the KL to the reference climbs to ~0.28 over 12 steps (learning rate too high)",
-        Fault(state=after(F, kl_ramp(0.28, 12))),
-        lambda run: [kl_threshold("VerlHighKLDivergence")(run), kl_drift(run)])
-    add("kl-above-0.8", "the KL to the reference climbs to ~0.95 over 10 steps",
-        Fault(state=after(F, kl_ramp(0.95, 10))),
-        lambda run: [kl_threshold("VerlKLDivergenceCritical")(run)])
-
-    def entropy_collapse(k: int, start: float, s: dict) -> None:
-        s["entropy"] *= (0.5, 0.25, 0.14)[k] if k < 3 else 0.11
-
-    def entropy_expect(run: Run) -> list[Expect]:
-        e = run.s("verl_actor_entropy")
-        return [Expect("VerlEntropyCollapse", run.out_labels("verl_actor_entropy"),
-                       lambda m: inst(e, m) < 0.2 * avg(window(e, m, 120, 60)),
-                       "entropy to fall under a fifth of its mean over [t-3h, t-1h]", lambda m: inst(e, m))]
-
-    add("entropy-collapse", "the policy's entropy falls to ~0.08 within 3 steps",
-        Fault(state=after(F, entropy_collapse)), entropy_expect)
-
-    def reward_collapse(k: int, start: float, s: dict) -> None:
-        s["score"] = max(0.0, (0.35, 0.15)[k] if k < 2 else 0.05 + rng_for("reward", k).gauss(0, 0.015))
-
-    def reward_expect(run: Run) -> list[Expect]:
-        return [adaptive("VerlRewardCollapse", "the score to fall 3 sigma under its 1h baseline", stat="mean")(run)]
-
-    # At F (120m) the score is still climbing its sigmoid, which inflates the 1h stddev: a fall from 0.41 to
-    # 0.05 reaches z = -3.9 there, which is why the rule's k is 3.
-    add("reward-collapse", "the mean score falls to ~0.05 within 3 steps (a reward function returning 0)",
-        Fault(state=after(F, reward_collapse)), reward_expect)
-
-    def length_collapse(k: int, start: float, s: dict) -> None:
-        s["len"] = (180.0, 70.0)[k] if k < 2 else 28 + rng_for("len", k).gauss(0, 3)
-        s["clip"] = 0.0
-
-    def length_expect(run: Run) -> list[Expect]:
-        ln = run.s("verl_response_length_tokens", stat="mean", subset="all")
-        return [Expect("VerlResponseLengthCollapse", run.out_labels("verl_response_length_tokens", stat="mean"),
-                       lambda m: inst(ln, m) < 0.3 * avg(window(ln, m, 60, 30)),
-                       "the mean length to fall under 30% of its mean over [t-90m, t-30m]", lambda m: inst(ln, m))]
-
-    add("response-length-collapse", "responses shrink to ~28 tokens (a short-answer exploit); none empty",
-        Fault(state=after(F, length_collapse)), length_expect)
-
-    def clip_blowup(k: int, start: float, s: dict) -> None:
-        r = rng_for("clip", k)
-        s["len"] = min(900.0, s["len"] + 80 * (k + 1)) + r.gauss(0, 10)
-        s["clip"] = min(0.42, 0.04 + 0.06 * (k + 1)) + abs(r.gauss(0, 0.01))
-
-    def clip_expect(run: Run) -> list[Expect]:
-        c = run.s("verl_response_length_clip_ratio", subset="all")
-        return [Expect("VerlResponseClipRatioHigh", run.out_labels("verl_response_length_clip_ratio"),
-                       lambda m: inst(c, m) > threshold("VerlResponseClipRatioHigh"),
-                       "the clipped share to pass 20%", lambda m: inst(c, m))]
-
-    add("clip-ratio-blowup", "responses run into the length cap (repetition loops): up to ~43% clipped",
-        Fault(state=after(F, clip_blowup)), clip_expect)
-
-    def empty_responses(k: int, start: float, s: dict) -> None:
-        r = rng_for("empty", k)
-        s["aborted"] = (0.12, 0.22)[k] if k < 2 else 0.3 + abs(r.gauss(0, 0.06))
-        s["len"] = (300.0, 180.0)[k] if k < 2 else 95 + r.gauss(0, 12)
-
-    def empty_expect(run: Run) -> list[Expect]:
-        ab = run.s("verl_response_aborted_ratio")
-        ln = run.s("verl_response_length_tokens", stat="mean", subset="all")
-        lab = run.out_labels("verl_response_aborted_ratio")
-        return [Expect("VerlNumericalCollapse", lab,
-                       lambda m: inst(ab, m) > 0.1 and inst(ln, m) < 0.5 * avg(window(ln, m, 60, 30)),
-                       "over 10% empty and the length under half its earlier mean", lambda m: inst(ab, m)),
-                Expect("VerlEmptyResponses", lab, lambda m: inst(ab, m) > threshold("VerlEmptyResponses"),
-                       "over 15% empty",
-                       lambda m: inst(ab, m))]
-
-    add("empty-responses", 'a numerical collapse: ~30-45% empty responses ("!!!!"), mean length ~95',
-        Fault(state=after(F, empty_responses)), empty_expect)
-
-    def slow_gen(k: int, start: float, s: dict) -> None:
-        s["gen_x"] *= 2.4
-
-    add("rollout-slow", "generation takes 2.4 times longer (KV-cache preemption in the rollout engine)",
-        Fault(state=after(F, slow_gen)),
-        lambda run: [adaptive("VerlRolloutSlow", "timing_s/gen to rise 4 sigma above its 1h baseline",
-                              phase="gen")(run)])
-
-    def slow_reward(k: int, start: float, s: dict) -> None:
-        s["other_extra"] = 55.0
-
-    def throughput_expect(run: Run) -> list[Expect]:
-        t = run.s("verl_perf_throughput_tokens_per_second")
-        return [Expect("VerlLowThroughput", run.out_labels("verl_perf_throughput_tokens_per_second"),
-                       lambda m: inst(t, m) < 0.6 * quantile(0.5, window(t, m, 60, 15)),
-                       "the first slow step to be logged, under 60% of the median of [t-75m, t-15m]",
-                       lambda m: inst(t, m))]
-
-    # A halving: validation and checkpoint steps make the throughput spiky, which is why the rule compares
-    # with a median rather than a mean and standard deviation.
-    add("throughput-drop", "a slow remote reward verifier adds ~55 s to every step: throughput halves",
-        Fault(state=after(F, slow_reward)), throughput_expect)
-
-    def stall_expects(run: Run) -> list[Expect]:
-        ts, step = run.s("verl_training_last_step_timestamp_seconds"), run.s("verl_timing_seconds", phase="step")
-        lab = run.out_labels("verl_training_last_step_timestamp_seconds")
-
-        def age(m: int) -> float:
-            return m * 60 - inst(ts, m)
-
-        return [
-            Expect("VerlTrainingStalledRelative", lab,
-                   lambda m: age(m) > 5 * vmax(window(step, m, 60)) and age(m) > 300,
-                   "no step for 5 times the longest step of the last hour (a checkpoint step) and 300 s", age),
-            Expect("VerlTrainingStalled", lab, lambda m: age(m) > threshold("VerlTrainingStalled"),
-                   "1800 s since the last step", age),
-        ]
-
-    add("training-stalled", "the run hangs in a collective: no step completes after F",
-        Fault(stop_at=F), stall_expects)
-
-    def leak(k: int, start: float, s: dict) -> None:
-        s["mem_gib"] += 0.15 * (k + 1)
-
-    def leak_expect(run: Run) -> list[Expect]:
-        x = run.s("verl_perf_max_memory_reserved_bytes")
-
-        def cond(m: int) -> bool:
-            old = inst(x, m - 60)
-            if old is None or not inst(x, m) > 1.1 * old:
-                return False
-            points = [t for t in range(m - 60, m + 1) if t % 5 == 0]
-            slopes = [regression(x, t, 30) for t in points]
-            return all(r is not None and r[0] > 0 for r in slopes)
-        return [Expect("VerlMemoryLeak", run.out_labels("verl_perf_max_memory_reserved_bytes"), cond,
-                       "10% growth within the hour and every 30m slope of the last hour positive",
-                       lambda m: inst(x, m))]
-
-    add("memory-leak", "peak reserved GPU memory climbs 0.15 GiB per step", Fault(state=after(F, leak)),
-        leak_expect)
 
     def ev_collapse(k: int, start: float, s: dict) -> None:
         s["vf_ev"] = (0.2, -0.2)[k] if k < 2 else -0.45 + rng_for("ev", k).gauss(0, 0.05)
@@ -872,36 +710,10 @@ def scenarios() -> list[Scenario]:
         return [Expect("VerlPPOClipFractionHigh", run.out_labels("verl_actor_pg_clip_ratio", bound="upper"),
                        lambda m: inst(c, m) > threshold("VerlPPOClipFractionHigh"), "the clip fraction to pass 30%",
                        lambda m: inst(c, m)),
-                adaptive("VerlPPOKLSpike", "actor/ppo_kl to jump 5 sigma above its 1h baseline")(run)]
+                detector("VerlPPOKLSpike", "actor/ppo_kl to stay 6 spreads and 2x above its median for 3 steps")(run)]
 
     add("ppo-clip-fraction-high", "the learning rate is raised 10x: ~40% of tokens clipped, ppo_kl x13",
         Fault(state=after(F, clipfrac_high)), clipfrac_expect)
-
-    def grad_spike(k: int, start: float, s: dict) -> None:
-        if k < 5:
-            s["grad"] = prior_max * (14, 17, 15, 13, 12)[k]
-
-    add("grad-norm-spike", "the gradient norm jumps to ~15 times its recent maximum for 5 steps, then recovers",
-        Fault(state=after(F, grad_spike)), lambda run: [spike_expect(run)])
-
-    def grad_growing(k: int, start: float, s: dict) -> None:
-        s["grad"] *= 1 + 0.05 * (k + 1)  # linear: +5% of the healthy level a step
-
-    def growing_expect(run: Run) -> list[Expect]:
-        g = run.s("verl_actor_grad_norm")
-        def lowest_30m_mean(m: int) -> float:
-            # the subquery [3h:10m] evaluates at minutes aligned to 10, in (m - 180, m]
-            starts = [t for t in range(m - 179, m + 1) if t % 10 == 0 and t >= 30]
-            return min(avg(window(g, t, 30)) for t in starts)
-
-        return [Expect("VerlGradNormGrowing", run.out_labels("verl_actor_grad_norm"),
-                       lambda m: avg(window(g, m, 30)) > 3 * lowest_30m_mean(m),
-                       "the 30m mean to pass 3 times the lowest 30m mean of the last 3h")]
-
-    # A linear climb: a baseline that moves with it (the mean of the 2h before) would never see it triple,
-    # so the rule compares with the lowest 30m mean of the last 3 hours.
-    add("grad-norm-growing", "the gradient norm climbs linearly, +5% of its healthy level a step, without a spike",
-        Fault(state=after(F, grad_growing)), growing_expect)
 
     score_base = build_run(PPO).s("verl_critic_score", stat="mean")
     score_at_f = avg(window(score_base, F, 10))
@@ -1128,8 +940,7 @@ def scenarios() -> list[Scenario]:
             edit(run, "verl_gpu_clock_event_active", F, lambda k, v: 1.0, rank=rank, reason="sw_power_cap")
 
     def mfu_expect(run: Run) -> list[Expect]:
-        out = [adaptive("VerlMFUDrop", "the first slow step to be logged, 4 sigma under the 1h baseline",
-                        role="actor")(run)]
+        out = [detector("VerlMFUDrop", "3 slow steps, 4 spreads and 30% under the trend of the 30 before")(run)]
         for _, rank, _ in RANKS:
             v = run.s("verl_gpu_clock_event_active", rank=rank, reason="sw_power_cap")
             out.append(Expect("VerlGPUPowerCapped", run.out_labels("verl_gpu_clock_event_active", rank=rank,

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
 from verl_exporter import Monitor
-from verl_exporter.breaker import CircuitBreaker, Rule, rules_from_spec
+from verl_exporter.breaker import CircuitBreaker, Rule
 from verl_exporter.control import ControlReader, ControlState
 from verl_exporter.spec import load_spec
 
@@ -127,9 +127,10 @@ def test_monitor_hosts_its_own_control_endpoint():
 
 # ---------------------------------------------------------------------------- circuit breaker
 def test_rules_come_from_the_critical_alerts_of_the_spec():
-    rules = {(r.key, r.kind) for r in rules_from_spec(load_spec())}
-    assert {("actor/grad_norm", "nonfinite"), ("actor/pg_loss", "nonfinite"), ("actor/kl_loss", "threshold"),
-            ("critic/score/mean", "zscore"), ("response/aborted_ratio", "threshold")} <= rules
+    rules = {(r.key, r.kind) for r in CircuitBreaker.from_spec(load_spec()).rules}
+    assert {("actor/grad_norm", "nonfinite"), ("actor/pg_loss", "nonfinite")} <= rules
+    detector = {(r.key, r.kind, r.source) for r in CircuitBreaker.from_spec(load_spec()).detector_rules}
+    assert ("score", "detector", "VerlRewardCollapse") in detector
 
 
 def test_breaker_trips_after_consecutive_critical_anomalies(tmp_path):

@@ -69,11 +69,13 @@ def test_a_broken_threshold_makes_promtool_fail(tmp_path):
     promtool = require_tool("promtool")
     shutil.copytree(REPO / "rules", tmp_path / "rules")
     alerts = tmp_path / "rules/verl-alerts.yaml"
-    alerts.write_text(alerts.read_text().replace("verl_actor_kl_loss{job=\"verl\"} > 0.2",
-                                                 "verl_actor_kl_loss{job=\"verl\"} > 5"))
+    text = alerts.read_text()
+    broken = text.replace('bound="upper"} > 0.3', 'bound="upper"} > 5')
+    assert broken != text
+    alerts.write_text(broken)
     run = subprocess.run([promtool, "test", "rules", str(tmp_path / "rules/tests/generated-test.yaml")],
                          capture_output=True, text=True)
-    assert run.returncode != 0 and "VerlHighKLDivergence" in run.stdout + run.stderr
+    assert run.returncode != 0 and "VerlPPOClipFractionHigh" in run.stdout + run.stderr
 
 
 def test_amtool_accepts_the_alertmanager_config():

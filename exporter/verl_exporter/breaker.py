@@ -3,14 +3,16 @@
 Per-key detectors look at the values handed to ``Monitor.log()``:
   nonfinite  the value is NaN or Inf (verl writes them as null)
   threshold  the value crosses a fixed line
-  zscore     the value is more than k standard deviations from its sliding window of recent steps
+  zscore     the value is more than k robust spreads from the baseline of its recent steps
+  detector   a spec `detector` alert: a signal's sustained deviation (and, if the alert asks, a second
+             signal's), judged by the same step-domain detectors (verl_exporter.detect) as the sidecar's
 A step with at least one anomaly extends a streak; N consecutive anomalous steps trip the breaker once:
 it writes a diagnosis report (the step, each offending value with its window statistics, a resource
 snapshot), then asks for a checkpoint and a stop through the Monitor.
 
 The rules come from the spec's critical alerts by default, so the breaker and the alert pack agree on
 what "critical" means. It runs on the Monitor's worker thread, never on the training thread, and costs
-O(rules) per step (running sums, no window rescans).
+O(rules x window log window) per step.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .detect import Detectors, SignalDetector, SignalSpec
 from .spec import Spec
 
 OPS = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
@@ -33,14 +36,16 @@ OPS = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
 
 @dataclass(frozen=True)
 class Rule:
-    key: str  # verl key, e.g. actor/grad_norm
-    kind: str  # nonfinite | threshold | zscore
+    key: str  # verl key, e.g. actor/grad_norm (kind detector: the signal's name)
+    kind: str  # nonfinite | threshold | zscore | detector
     op: str = ">"
     threshold: float = 0.0
     k: float = 4.0
-    direction: str = "up"  # for zscore: up | down | both
+    direction: str = "up"  # for zscore and detector: up | down | both
     rel_floor: float = 0.05
     source: str = ""  # the alert it was derived from
+    change: float = 0.0  # detector: the relative change the deviation must also reach
+    confirm: tuple = ()  # detector: (signal, direction, k, change) of which one must deviate too
 
 
 @dataclass
@@ -63,29 +68,6 @@ class Trip:
     streak: list[dict]
     resources: dict = field(default_factory=dict)
     report_path: str | None = None
-
-
-class _Window:
-    """Running mean and population stddev of the last n finite values."""
-
-    def __init__(self, n: int):
-        self.values: deque[float] = deque(maxlen=n)
-        self.total = 0.0
-        self.total_sq = 0.0
-
-    def add(self, x: float) -> None:
-        if len(self.values) == self.values.maxlen:
-            old = self.values[0]
-            self.total -= old
-            self.total_sq -= old * old
-        self.values.append(x)
-        self.total += x
-        self.total_sq += x * x
-
-    def stats(self) -> tuple[float, float]:
-        n = len(self.values)
-        mean = self.total / n
-        return mean, math.sqrt(max(self.total_sq / n - mean * mean, 0.0))
 
 
 def _key_of(metric, matchers: dict[str, str]) -> str | None:
@@ -127,6 +109,25 @@ def rules_from_spec(spec: Spec) -> list[Rule]:
     return out
 
 
+def detector_rules_from_spec(spec: Spec) -> list[Rule]:
+    """Breaker rules from the spec's critical `detector` alerts (signals, not keys)."""
+    return [Rule(key=a.signal, kind="detector", k=a.k, direction=a.direction, change=a.change, source=a.alert,
+                 confirm=tuple((c.signal, c.direction, c.k, c.change) for c in a.confirm))
+            for a in spec.alerts() if a.severity == "critical" and a.kind == "detector"]
+
+
+def deviates(stats: dict[str, float], direction: str, k: float, change: float) -> float | None:
+    """The sustained z-score if a detector's latest stats deviate as asked (the PromQL of a detector alert,
+    render.promql.detector_cond, in Python), else None."""
+    for d in (("down", "up") if direction == "both" else (direction,)):
+        stat = "sustained_drop_zscore" if d == "down" else "sustained_rise_zscore"
+        z = stats.get(stat)
+        rel = stats.get("relative_change", 0.0)
+        if z is not None and z > k and (not change or (rel < -change if d == "down" else rel > change)):
+            return z
+    return None
+
+
 def resource_snapshot() -> dict:
     """What the process and host look like at the trip; torch only if the program already imported it."""
     snap: dict[str, Any] = {"pid": os.getpid()}
@@ -154,20 +155,37 @@ def resource_snapshot() -> dict:
 
 class CircuitBreaker:
     def __init__(self, rules: list[Rule], window: int = 50, min_samples: int = 10, consecutive: int = 3,
-                 report_dir: str | None = None, clock=time.time):
+                 report_dir: str | None = None, clock=time.time, detectors: Detectors | None = None):
+        """detectors: the spec's signals (Detectors.from_spec), needed by rules of kind detector."""
         if consecutive < 1 or window < 2 or min_samples < 2:
             raise ValueError("consecutive >= 1, window >= 2 and min_samples >= 2 are required")
-        self.rules = list(rules)
+        self.rules = [r for r in rules if r.kind != "detector"]
         self._by_key: dict[str, list[Rule]] = {}
         for r in self.rules:
             self._by_key.setdefault(r.key, []).append(r)
-        self._windows = {r.key: _Window(window) for r in self.rules if r.kind == "zscore"}
+        # A zscore rule is a one-key signal of the shared detector: a baseline of its last `window` steps,
+        # flat (no trend), floored by rel_floor of its level, deciding on the step itself (hold 1).
+        self._windows = {r.key: SignalDetector(SignalSpec(name=r.key, metric="", window=window, hold=1,
+                                                          min_steps=min_samples, rel_floor=r.rel_floor,
+                                                          trend=False))
+                         for r in self.rules if r.kind == "zscore"}
+        self.detector_rules = [r for r in rules if r.kind == "detector"]
+        self.detectors = detectors
         self._min_samples = min_samples
         self._consecutive = consecutive
         self._report_dir = report_dir
         self._clock = clock
         self._streak: deque[dict] = deque(maxlen=consecutive)
         self.tripped: Trip | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Spec, **kwargs) -> CircuitBreaker:
+        """The spec's critical alerts as rules, with the spec's signals their detector alerts read (only those:
+        the breaker pays for no signal it does not judge)."""
+        detector_rules = detector_rules_from_spec(spec)
+        needed = {r.key for r in detector_rules} | {c[0] for r in detector_rules for c in r.confirm}
+        return cls(rules_from_spec(spec) + detector_rules,
+                   detectors=Detectors([sig for sig in spec.signals() if sig.name in needed], spec), **kwargs)
 
     def observe(self, step: Any, data: dict) -> tuple[list[Anomaly], Trip | None]:
         """Check one step. Returns its anomalies and, on the step that trips the breaker, the Trip."""
@@ -188,7 +206,9 @@ class CircuitBreaker:
                     outlier = outlier or a.kind == "zscore"
             # Outliers stay out of the window: a sustained shift keeps counting instead of becoming normal.
             if finite and not outlier and key in self._windows:
-                self._windows[key].add(value)
+                self._windows[key].values.append(value)
+        if self.detector_rules and self.detectors is not None and self.detectors.observe(step, data):
+            anomalies.extend(self._check_detectors())
         if self.tripped is not None:
             return anomalies, None
         if anomalies:
@@ -214,10 +234,27 @@ class CircuitBreaker:
         w = self._windows[rule.key]
         if len(w.values) < self._min_samples:
             return None
-        mean, std = w.stats()
-        z = (value - mean) / (std + rule.rel_floor * abs(mean) + 1e-12)
+        stats = w.compare(value)  # the shared detector's statistics; the caller decides if the value joins
+        z, mean, spread = stats["zscore"], stats["expected"], stats["spread"]
         hit = z > rule.k if rule.direction == "up" else z < -rule.k if rule.direction == "down" else abs(z) > rule.k
-        return Anomaly(rule.key, "zscore", value, mean, std, z, rule=rule.source) if hit else None
+        return Anomaly(rule.key, "zscore", value, mean, spread, z, rule=rule.source) if hit else None
+
+    def _check_detectors(self) -> list[Anomaly]:
+        out = []
+        for rule in self.detector_rules:
+            det = self.detectors.by_name.get(rule.key)
+            if det is None:
+                continue
+            z = deviates(det.stats, rule.direction, rule.k, rule.change)
+            if z is None:
+                continue
+            confirmed = not rule.confirm or any(
+                (d := self.detectors.by_name.get(sig)) is not None and deviates(d.stats, direction, k, change)
+                is not None for sig, direction, k, change in rule.confirm)
+            if confirmed:
+                out.append(Anomaly(rule.key, "detector", det.values[-1] if det.values else None,
+                                   det.stats.get("expected"), det.stats.get("spread"), z, rule=rule.source))
+        return out
 
     def _write_report(self, trip: Trip) -> str | None:
         if not self._report_dir:

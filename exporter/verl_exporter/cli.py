@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=_positive_rate, default=10.0, help="steps replayed per second (default 10)")
     demo.add_argument("--exit-after-replay", action="store_true",
                       help="stop when the replay ends instead of serving until Ctrl-C")
+
+    bt = sub.add_parser("backtest", help="replay recorded verl runs through the alert pack: timeline + HTML report")
+    bt.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="verl file-logger logs")
+    bt.add_argument("--step-seconds", type=float, help="step time when the log has no timing_s/step")
+    bt.add_argument("--html-dir", default=".", help="where <run>.backtest.html is written ('' for none)")
+    bt.add_argument("--rules", metavar="DIR", help="rule files to judge (default: generated from the spec)")
+    bt.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
 
@@ -257,8 +264,15 @@ def cmd_node(args) -> int:
     return run(args)
 
 
+def cmd_backtest(args) -> int:
+    from .backtest import run_backtest
+
+    return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
+                        rules_dir=args.rules, progress=not args.no_progress)
+
+
 COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo,
-            "checkpoint": cmd_checkpoint, "relay": cmd_relay, "node": cmd_node}
+            "checkpoint": cmd_checkpoint, "relay": cmd_relay, "node": cmd_node, "backtest": cmd_backtest}
 
 
 def main(argv: list[str] | None = None) -> int:

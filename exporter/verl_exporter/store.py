@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .detect import Detectors
 from .exposition import FamilyRenderer
 from .families import family
 from .mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH, KeyMapper, Resolved, unmapped_name
@@ -102,10 +103,13 @@ class TrainingStore:
         self._nonfinite_metric = spec.with_field("nonfinite")
         self._unmapped_specs: dict[str, MetricSpec] = {}
         self._renderer = FamilyRenderer(self._const)
+        # Step-domain baselines of the spec's adaptive signals, exported as verl_detector_* gauges.
+        self.detectors = Detectors.from_spec(spec)
 
     # ------------------------------------------------------------------ writing
     def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
         """Record one logged step. Never raises on bad values: they are counted instead."""
+        new_step = False
         with self._lock:
             for key, raw in data.items():
                 # Fast path first: verl's values are floats and ints; flatten only what is nested.
@@ -124,10 +128,14 @@ class TrainingStore:
             if valid is not None:
                 if valid != self._step:
                     self._step_times.append(seen_at)
+                    new_step = True
                 self._step = valid
                 self._step_time = seen_at
             elif step is not None:
                 self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
+        if new_step:
+            # Outside the lock (a scrape never waits for it); each signal swaps in a new stats dict at once.
+            self.detectors.observe(step, data, seen_at)
 
     def count_nonfinite(self, data: Mapping) -> None:
         """Count the NaN/Inf values of a logged step without exporting its values.
@@ -254,12 +262,14 @@ class TrainingStore:
             unmapped = dict(self._unmapped)
             nonfinite = dict(self._nonfinite)
             step, step_time = self._step, self._step_time
+            detector_rows = self.detectors.rows()
         out: list[tuple[MetricSpec, dict]] = []
         if step is not None:
             out.append((self._step_metric, {(): step}))
             out.append((self._step_time_metric, {(): step_time}))
         out.append((self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}))
         out.extend((self._spec[name], series[name]) for name in sorted(series))
+        out.extend((self._spec[name], rows) for name, rows in sorted(detector_rows.items()))
         for name in sorted(unmapped):
             key, value = unmapped[name]
             out.append((self._unmapped_spec(name, key), {(): value}))

@@ -69,6 +69,24 @@ def cross_rank_records(metric: MetricSpec, sel: str) -> list[Recording]:
             for op in CROSS_RANK_OPS]
 
 
+JOIN = "on (job, instance, run, rank)"  # how one sidecar's series of different metrics are matched
+
+
+def detector_cond(signal: str, direction: str, k: float, change: float, sel: str) -> str:
+    """A step-domain deviation of one signal, from the gauges verl_exporter.detect exports; the value is the
+    sustained z-score."""
+    sig = selector(sel, f'signal="{signal}"')
+    parts = []
+    for d in (("down", "up") if direction == "both" else (direction,)):
+        stat, cmp, ch = ("sustained_drop_zscore", "<", -change) if d == "down" else \
+            ("sustained_rise_zscore", ">", change)
+        cond = f"verl_detector_{stat}{{{sig}}} > {_num(k)}"
+        if change:
+            cond += f" and {JOIN} verl_detector_relative_change{{{sig}}} {cmp} {_num(ch)}"
+        parts.append(cond)
+    return " or ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
+
+
 def alert_expr(alert: Alert, sel: str) -> str:
     m = alert.matchers.strip("{} ")
     if alert.kind == "threshold":
@@ -107,6 +125,13 @@ def alert_expr(alert: Alert, sel: str) -> str:
         return f"absent({vector(alert.metric, sel, m)})"
     if alert.kind == "expr":
         return fill(alert.expr, alert.metric, sel)
+    if alert.kind == "detector":
+        main = detector_cond(alert.signal, alert.direction, alert.k, alert.change, sel)
+        if not alert.confirm:
+            return main
+        others = " or ".join(f"({detector_cond(c.signal, c.direction, c.k, c.change, sel)})"
+                             for c in alert.confirm)
+        return f"({main}) and {JOIN} ({others})"
     raise ValueError(f"unknown alert kind {alert.kind}")
 
 

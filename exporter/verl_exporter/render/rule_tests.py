@@ -96,6 +96,8 @@ def case_for(spec: Spec, alert: Alert) -> dict:
     """One promtool test group for an alert: silent before the fault, firing after it."""
     if alert.kind == "expr":
         return expr_case(spec, alert)
+    if alert.kind == "detector":
+        return detector_case(spec, alert)
     sel_labels = equality_matchers(spec.rules.selector) or {"job": "verl"}
     series_labels = {**sel_labels, **BASE_LABELS, **_metric_labels(spec, alert)}
     fire_at = _fire_minute(alert)
@@ -133,6 +135,26 @@ def case_for(spec: Spec, alert: Alert) -> dict:
     input_series = [{"series": f"{name}{{{labels_text}}}", "values": _series_text(values)}]
     out_labels = output_labels(alert, series_labels, spec.rules.selector)
     return _group(spec, alert, input_series, silent_at, fire_at, out_labels, value)
+
+
+def detector_case(spec: Spec, alert: Alert) -> dict:
+    """The detector's gauges of the signal (and of the first confirming signal) move from normal to a
+    sustained deviation of twice the alert's k at the shift."""
+    base = {**(equality_matchers(spec.rules.selector) or {"job": "verl"}), **BASE_LABELS}
+    total = _fire_minute(alert) + TAIL
+    series = []
+    for signal, direction, k, change in [(alert.signal, alert.direction, alert.k, alert.change)] + \
+            [(c.signal, c.direction, c.k, c.change) for c in alert.confirm[:1]]:
+        sign = -1.0 if direction == "down" else 1.0
+        stat = "sustained_drop_zscore" if direction == "down" else "sustained_rise_zscore"
+        labels = ", ".join(f'{key}="{v}"' for key, v in {**base, "signal": signal}.items())
+        series.append({"series": f"verl_detector_{stat}{{{labels}}}",
+                       "values": _series_text([0.0] * SHIFT + [2.0 * k] * (total - SHIFT))})
+        if change:
+            series.append({"series": f"verl_detector_relative_change{{{labels}}}",
+                           "values": _series_text([0.0] * SHIFT + [sign * 2.0 * change] * (total - SHIFT))})
+    return _group(spec, alert, series, SHIFT - 5, _fire_minute(alert), {**base, "signal": alert.signal},
+                  2.0 * alert.k)
 
 
 def expr_case(spec: Spec, alert: Alert) -> dict:

@@ -105,10 +105,10 @@ class Monitor:
             self._self.inc("verl_exporter_lines_parsed_total", 0, source=SOURCE)
             self._sidecar.start()
         if breaker is True:
-            from ..breaker import CircuitBreaker, rules_from_spec
+            from ..breaker import CircuitBreaker
             from ..spec import load_spec
 
-            breaker = CircuitBreaker(rules_from_spec(spec or load_spec()))
+            breaker = CircuitBreaker.from_spec(spec or load_spec())
         self.breaker = breaker or None
         self._worker = threading.Thread(target=self._run, name="verl-exporter-monitor", daemon=True)
         self._worker.start()

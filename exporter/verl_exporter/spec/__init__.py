@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from .detectors import parse_detect
 from .rules import Alert, Panel, parse_alert, parse_panel
 
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
@@ -39,7 +40,7 @@ RESERVED_LABELS = ("le", "quantile", "job", "instance")
 UNMAPPED_PREFIX = "verl_unmapped_"
 
 ENTRY_KEYS = {"name", "type", "unit", "help", "layer", "labels", "source", "field", "collector",
-              "max_series", "alerts", "panels", "record"}
+              "max_series", "alerts", "panels", "record", "detect"}
 SOURCE_KEYS = {"match", "regex", "labels", "values", "convert", "scale", "when_absent"}
 TOP_KEYS = {"version", "target_labels", "defaults", "rules", "alerts", "metrics"}
 RULES_KEYS = {"selector", "runbook_url", "evaluation_interval", "relay_url"}
@@ -89,6 +90,7 @@ class MetricSpec:
     alerts: tuple[Alert, ...] = ()
     panels: tuple[Panel, ...] = ()
     record: tuple[str, ...] = ()
+    detect: tuple = ()  # SignalSpec: the adaptive signals this metric feeds (verl_exporter.detect)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -140,6 +142,10 @@ class Spec:
 
     def panels(self) -> list[Panel]:
         return [p for m in self.metrics for p in m.panels]
+
+    def signals(self) -> list:
+        """Every adaptive signal (``detect:``), in spec order."""
+        return [s for m in self.metrics for s in m.detect]
 
     def __getitem__(self, name: str) -> MetricSpec:
         try:
@@ -347,6 +353,12 @@ def _parse_entry(i: int, raw: Any, defaults: dict, target_labels: tuple[str, ...
         problems.append(f"{where}: record may list {list(RECORDINGS)}")
         record = []
     extras["record"] = tuple(record)
+    detect = raw.get("detect", []) or []
+    if not isinstance(detect, list):
+        problems.append(f"{where}: detect must be a list of mappings")
+        detect = []
+    parsed_detect = [parse_detect(str(name), labels_t, j, item, problems) for j, item in enumerate(detect)]
+    extras["detect"] = tuple(x for x in parsed_detect if x is not None)
     return MetricSpec(
         name=name, type=mtype, unit=unit, help=" ".join(str(help_).split()), layer=layer, labels=labels_t,
         sources=tuple(sources), field=fld, collector=collector, max_series=max_series, **extras)
@@ -423,6 +435,17 @@ def parse_spec(doc: Any, origin: str = "spec") -> Spec:
         for target in a.inhibits:
             if target not in names:
                 problems.append(f"alert {a.alert!r}: inhibits unknown alert {target!r}")
+    signals = [sig for m in metrics for sig in m.detect]
+    seen_signals: set[str] = set()
+    detector_gauges = {m.name for m in metrics if m.collector == "detector"}
+    for sig in signals:
+        if sig.name in seen_signals:
+            problems.append(f"signal {sig.name!r}: declared twice")
+        seen_signals.add(sig.name)
+        for stat in sig.export:
+            if f"verl_detector_{stat}" not in detector_gauges:
+                problems.append(f"signal {sig.name!r}: exports {stat} but verl_detector_{stat} is not declared "
+                                "(collector: detector)")
     if problems:
         raise SpecError(problems, origin)
     return Spec(version=1, target_labels=tuple(target_labels), metrics=tuple(metrics),

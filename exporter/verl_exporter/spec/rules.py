@@ -18,7 +18,7 @@ from typing import Any
 ALERT_NAME_RE = re.compile(r"^Verl[A-Z][A-Za-z0-9]*$")
 DURATION_RE = re.compile(r"^(\d+[smhd])+$")
 SEVERITIES = ("critical", "warning", "info")
-KINDS = ("threshold", "nonfinite", "adaptive", "trend", "stale", "absent", "expr")
+KINDS = ("threshold", "nonfinite", "adaptive", "trend", "stale", "absent", "expr", "detector")
 OPS = (">", "<", ">=", "<=")
 DIRECTIONS = ("up", "down", "both")
 DASHBOARDS = ("overview", "training", "gpu", "host")
@@ -27,7 +27,8 @@ PANEL_TYPES = ("timeseries", "bars", "stat", "heatmap", "bargauge", "table")
 TEMPLATE_RE = re.compile(r"\{\{\s*(\$value\s*\|\s*printf\s+\"%\.\d+[gf]\"|\$labels\.[a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 ALERT_KEYS = {"alert", "kind", "severity", "summary", "description", "for", "op", "threshold", "matchers",
               "aggregate", "window", "k", "direction", "rel_floor", "horizon", "expr", "labels", "runbook",
-              "test", "inhibits", "keep_firing_for"}
+              "test", "inhibits", "keep_firing_for", "signal", "change", "confirm"}
+CONFIRM_KEYS = {"signal", "direction", "k", "change"}
 PANEL_KEYS = {"dashboard", "row", "title", "type", "query", "legend", "moving_average", "stack", "rate",
               "width", "height", "unit", "min", "max", "description"}
 RUNBOOK_KEYS = {"meaning", "confirm", "action"}
@@ -62,6 +63,19 @@ class Alert:
     test: dict[str, Any] = field(default_factory=dict)
     inhibits: tuple[str, ...] = ()
     keep_firing_for: str = ""
+    # kind detector: a step-domain signal (verl_exporter.detect) and, optionally, other signals that must
+    # deviate at the same time (each a Confirm) for the alert to hold
+    signal: str = ""
+    change: float = 0.0  # the relative change from the expected value the deviation must also reach
+    confirm: tuple[Confirm, ...] = ()
+
+
+@dataclass(frozen=True)
+class Confirm:
+    signal: str
+    direction: str = "down"
+    k: float = 4.0
+    change: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +146,19 @@ def parse_alert(metric: str, i: int, raw: dict, problems: list[str]) -> Alert | 
         k = raw.get("k", 4.0)
         if not isinstance(k, (int, float)) or k <= 0:
             problems.append(f"{where}: k must be a positive number of standard deviations")
+    confirm: list[Confirm] = []
+    if kind == "detector":
+        if not isinstance(raw.get("signal"), str) or not raw.get("signal"):
+            problems.append(f"{where}: a detector alert needs a signal")
+        if raw.get("direction", "up") not in DIRECTIONS:
+            problems.append(f"{where}: direction must be one of {list(DIRECTIONS)}")
+        for j, c in enumerate(raw.get("confirm", []) or []):
+            if not isinstance(c, dict) or set(c) - CONFIRM_KEYS or not isinstance(c.get("signal"), str) \
+                    or c.get("direction", "down") not in DIRECTIONS:
+                problems.append(f"{where}: confirm[{j}] needs a signal and may hold {sorted(CONFIRM_KEYS)}")
+                continue
+            confirm.append(Confirm(signal=c["signal"], direction=c.get("direction", "down"),
+                                   k=float(c.get("k", raw.get("k", 4.0))), change=float(c.get("change", 0.0))))
     runbook = raw.get("runbook", {}) or {}
     if not isinstance(runbook, dict) or set(runbook) - RUNBOOK_KEYS:
         problems.append(f"{where}: runbook may hold {sorted(RUNBOOK_KEYS)}")
@@ -156,7 +183,8 @@ def parse_alert(metric: str, i: int, raw: dict, problems: list[str]) -> Alert | 
         direction=raw.get("direction", "up"), rel_floor=float(raw.get("rel_floor", 0.05)),
         horizon=str(raw.get("horizon", "4h")), expr=" ".join(str(raw.get("expr", "")).split()),
         labels={str(k): str(v) for k, v in labels.items()}, runbook={k: str(v) for k, v in runbook.items()},
-        test=test, inhibits=tuple(inhibits), keep_firing_for=str(raw.get("keep_firing_for", "")))
+        test=test, inhibits=tuple(inhibits), keep_firing_for=str(raw.get("keep_firing_for", "")),
+        signal=str(raw.get("signal", "")), change=float(raw.get("change", 0.0)), confirm=tuple(confirm))
 
 
 def parse_panel(metric: str, i: int, raw: dict, problems: list[str]) -> Panel | None:

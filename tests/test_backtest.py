@@ -1,0 +1,63 @@
+"""`verl-exporter backtest`: the alert timeline of a recorded run, an HTML report, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import require_tool
+from verl_exporter import replay as rp
+from verl_exporter.cli import main
+
+
+def test_backtest_prints_the_timeline_and_writes_the_report(tmp_path, capsys):
+    require_tool("promtool")
+    run = tmp_path / "collapsed.jsonl"
+    rp.write_jsonl(rp.simulate("grpo", rp.Fault("collapse", 100), steps=130), run)
+    assert main(["backtest", str(run), "--html-dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "130 steps" in out and "130/130 steps" in err  # the progress bar ends on the last step
+    rows = [line.split() for line in out.splitlines() if "VerlRewardCollapse" in line]
+    assert rows and rows[0][0] == "103" and rows[0][-2] == "critical"
+    page = (tmp_path / "collapsed.backtest.html").read_text()
+    assert page.count("<svg") >= 6 and "VerlRewardCollapse at step 103" in page
+
+
+def test_backtest_takes_the_step_time_when_the_log_has_none(tmp_path, capsys):
+    require_tool("promtool")
+    lines = rp.simulate("ppo", steps=40)
+    for ln in lines:
+        ln["data"].pop("timing_s/step")
+    run = tmp_path / "untimed.jsonl"
+    rp.write_jsonl(lines, run)
+    assert main(["backtest", str(run), "--step-seconds", "600", "--html-dir", "", "--no-progress"]) == 0
+    assert "40 steps over 6.7 h" in capsys.readouterr().out
+
+
+def test_a_file_that_is_not_a_verl_log_gets_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "events.jsonl"
+    bad.write_text('{"time": 1, "msg": "hello"}\nnot json\n')
+    assert main(["backtest", str(bad), "--html-dir", ""]) == 2
+    out = capsys.readouterr().out
+    assert "not a verl log" in out and "events.jsonl" in out
+    assert main(["backtest", str(tmp_path / "missing.jsonl"), "--html-dir", ""]) == 2
+    assert "No such file" in capsys.readouterr().out
+
+
+def test_console_logs_are_read_as_verl_runs(tmp_path):
+    """verl's console logger lines (as committed logs and wandb output.log files hold them) convert to records."""
+    log = tmp_path / "train.log"
+    log.write_text("\x1b[36m(TaskRunner pid=7)\x1b[0m step:1 - actor/grad_norm:np.float64(0.41) - "
+                   "critic/score/mean:0.025 - actor/lr(1e-4):0.010 - note:hello\n"
+                   "some other output\n"
+                   "step:2 - actor/grad_norm:nan - critic/score/mean:0.5 - timing/step:12.5\n")
+    lines = rp.read_jsonl(log)
+    assert lines == [{"step": 1, "data": {"actor/grad_norm": 0.41, "critic/score/mean": 0.025,
+                                          "actor/lr(1e-4)": 0.01}},
+                     {"step": 2, "data": {"actor/grad_norm": None, "critic/score/mean": 0.5, "timing/step": 12.5}}]
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    out = subprocess.run([sys.executable, str(REPO / "scripts/console_to_jsonl.py"), str(log)],
+                         capture_output=True, text=True, check=True).stdout
+    assert [json.loads(x) for x in out.splitlines()] == lines
