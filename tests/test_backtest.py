@@ -52,12 +52,12 @@ def test_console_logs_are_read_as_verl_runs(tmp_path):
                    "step:2 - actor/grad_norm:nan - critic/score/mean:0.5 - timing/step:12.5\n")
     lines = rp.read_jsonl(log)
     assert lines == [{"step": 1, "data": {"actor/grad_norm": 0.41, "critic/score/mean": 0.025,
-                                          "actor/lr(1e-4)": 0.01}},
+                                          "actor/lr(1e-4)": 0.01, "note": "hello"}},
                      {"step": 2, "data": {"actor/grad_norm": None, "critic/score/mean": 0.5, "timing/step": 12.5}}]
     import subprocess
     import sys
 
     from conftest import REPO
-    out = subprocess.run([sys.executable, str(REPO / "scripts/console_to_jsonl.py"), str(log)],
+    out = subprocess.run([sys.executable, str(REPO / "scripts/verl_console_to_jsonl.py"), str(log)],
                          capture_output=True, text=True, check=True).stdout
     assert [json.loads(x) for x in out.splitlines()] == lines

@@ -16,6 +16,7 @@ The demo, the scenario tests, ``verl-exporter backtest`` and the benchmarks all 
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .selfmetrics import SelfMetrics
+from .sources import console
 from .sources.verl_file import VerlFileFollower
 from .spec import Spec, load_spec
 from .spec.rules import duration_seconds
@@ -197,40 +199,16 @@ class NotAVerlLog(ValueError):
     """The file is not a verl file-logger JSONL (no line of the form {"step": N, "data": {...}})."""
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_CONSOLE_STEP = re.compile(r"(?:^|\s)step:(\d+)\s+-\s+(.*)$")
-_WRAPPED = re.compile(r"^[a-z0-9_.]+\((.*)\)$", re.I)  # np.float64(0.1), tensor(0.1)
-
-
-def parse_console_line(text: str) -> dict | None:
-    """One line of verl's console logger (``step:12 - actor/grad_norm:0.41 - ...``, possibly behind a Ray
-    prefix and colour codes) as a file-logger record; None when the line is not one."""
-    m = _CONSOLE_STEP.search(_ANSI.sub("", text).strip())
-    if m is None:
-        return None
-    data: dict = {}
-    for part in m.group(2).split(" - "):
-        key, sep, raw = part.strip().rpartition(":")
-        if not sep or not key:
-            continue
-        raw = raw.strip()
-        inner = _WRAPPED.match(raw)
-        raw = inner.group(1) if inner else raw
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        data[key.strip()] = value if math.isfinite(value) else None
-    return {"step": int(m.group(1)), "data": data} if data else None
 
 
 def read_jsonl(path: str | Path, probe: int = 50) -> list[dict]:
-    """The lines of a verl run: file-logger JSONL, or else verl's console output (``step:N - key:value``).
-    Raises NotAVerlLog when neither is found."""
+    """The lines of a verl run: file-logger JSONL (optionally .gz), or else verl's console output
+    (``step:N - key:value``, read by ``sources.console``: Ray prefixes, one key per line, notebooks, cut lines).
+    Raises NotAVerlLog when neither is found, or when a console log holds several runs."""
     lines: list[dict] = []
-    console: list[dict] = []
     bad = 0
-    with open(path, "rb") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -242,16 +220,17 @@ def read_jsonl(path: str | Path, probe: int = 50) -> list[dict]:
                 lines.append(obj)
                 continue
             bad += 1
-            record = parse_console_line(raw.decode("utf-8", "replace")) if obj is None else None
-            if record is not None:
-                console.append(record)
-            elif not lines and not console and n >= probe:
+            if not lines and n >= probe:
                 break
-    if not lines and not console:
+    if lines:
+        return lines
+    try:
+        records = console.convert(console.read_text(str(path)))
+    except console.ConsoleLogError as e:
         raise NotAVerlLog(f"{path}: not a verl log: no line is {{\"step\": N, \"data\": {{...}}}} (the file logger) "
-                          f"or step:N - key:value (the console logger) ({bad} other lines); enable the file "
-                          "logger with trainer.logger='[\"console\",\"file\"]'")
-    return lines or console
+                          f"and as a console log: {e} ({bad} other lines); enable the file logger with "
+                          "trainer.logger='[\"console\",\"file\"]'") from None
+    return [{"step": step, "data": data} for step, data in records]
 
 
 @dataclass
