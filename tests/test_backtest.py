@@ -61,3 +61,16 @@ def test_console_logs_are_read_as_verl_runs(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "scripts/verl_console_to_jsonl.py"), str(log)],
                          capture_output=True, text=True, check=True).stdout
     assert [json.loads(x) for x in out.splitlines()] == lines
+
+
+def test_older_verls_step_time_sets_the_replay_clock_and_the_detectors_step_seconds():
+    """verl before 2025 logged the step time as timing/step: the replay and the hang detector must use it."""
+    from verl_exporter.detect import Detectors
+    from verl_exporter.spec import load_spec
+
+    old = [{"step": s, "data": {"timing/step": 420.0, "critic/score/mean": 0.1}} for s in range(1, 4)]
+    assert rp.step_period(old) == [420.0, 420.0, 420.0]  # not the 60 s default
+    detectors = Detectors.from_spec(load_spec())
+    for line in old:
+        detectors.observe(line["step"], line["data"], seen_at=None)
+    assert detectors.step_seconds() == 420.0

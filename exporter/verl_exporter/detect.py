@@ -35,7 +35,24 @@ STATS = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "e
          "slope_per_second")
 MIN_STEPS_FLOOR = 10  # no adaptive alert may fire before this many distinct steps
 _MAD_TO_SIGMA = 1.4826 / math.sqrt(2.0)  # MAD of differences of N(0, s) noise -> s
-STEP_SECONDS_KEY = "timing_s/step"
+STEP_METRIC = "verl_timing_seconds"  # its phase=step series is the step's duration, under each verl key scheme
+
+
+def step_seconds_keys(spec) -> list[str]:
+    """The verl keys of a step's duration (timing_s/step today, timing/step in older verl), from the spec."""
+    try:
+        return [key for key, _ in keys_of(spec[STEP_METRIC], {"phase": "step"})]
+    except (KeyError, TypeError):  # no spec, or one without the metric
+        return ["timing_s/step"]
+
+
+def step_duration(data: Mapping[str, Any], keys: list[str]) -> float | None:
+    """The step's logged duration in seconds, or None."""
+    for key in keys:
+        d = data.get(key)
+        if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
+            return float(d)
+    return None
 
 
 @dataclass(frozen=True)
@@ -165,6 +182,7 @@ class Detectors:
             keys = keys_of(spec[sig.metric], dict(sig.labels)) if spec is not None else []
             self.detectors.append(SignalDetector(sig, keys))
         self.by_name = {d.spec.name: d for d in self.detectors}
+        self._step_keys = step_seconds_keys(spec)
         window = max((sig.window for sig in signals), default=30)
         self._durations: deque[float] = deque(maxlen=window)
         self._last_step: Any = None
@@ -182,10 +200,9 @@ class Detectors:
         if step is None or step == self._last_step:
             return False
         self._last_step = step
-        duration = data.get(STEP_SECONDS_KEY)
-        if isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration) \
-                and duration > 0:
-            self._durations.append(float(duration))
+        duration = step_duration(data, self._step_keys)
+        if duration is not None:
+            self._durations.append(duration)
         elif seen_at is not None and self._last_seen is not None and seen_at > self._last_seen:
             self._durations.append(seen_at - self._last_seen)
         self._last_seen = seen_at

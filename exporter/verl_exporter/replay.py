@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .detect import step_duration, step_seconds_keys
 from .selfmetrics import SelfMetrics
 from .sources import console
 from .sources.verl_file import VerlFileFollower
@@ -252,15 +253,16 @@ class Samples:
         return []
 
 
-def step_period(lines: list[dict], given: float | None = None) -> list[float]:
-    """Each step's duration: `timing_s/step` where logged (else the median of those logged), or `given`."""
-    logged = [ln["data"].get("timing_s/step") for ln in lines]
-    ok = [float(x) for x in logged if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0]
-    fallback = given or (sorted(ok)[len(ok) // 2] if ok else 60.0)
+def step_period(lines: list[dict], given: float | None = None, spec: Spec | None = None) -> list[float]:
+    """Each step's duration: as logged (`timing_s/step`, `timing/step` in older verl; else the median of those
+    logged, else 60 s), or `given`."""
     if given:
         return [given] * len(lines)
-    return [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else fallback
-            for x in logged]
+    keys = step_seconds_keys(spec or load_spec())
+    logged = [step_duration(ln["data"], keys) for ln in lines]
+    ok = sorted(x for x in logged if x is not None)
+    fallback = ok[len(ok) // 2] if ok else 60.0
+    return [x if x is not None else fallback for x in logged]
 
 
 def replay(lines: list[dict], spec: Spec | None = None, run: str = "replay", scrape_s: float = 60.0,
@@ -270,7 +272,7 @@ def replay(lines: list[dict], spec: Spec | None = None, run: str = "replay", scr
 
     The run starts at t=0; step i ends after the durations of steps 1..i (``timing_s/step``, or period_s);
     Prometheus scrapes every scrape_s until tail_s after the last step (tail_s shows a hang after the end)."""
-    durations = step_period(lines, period_s)
+    durations = step_period(lines, period_s, spec)
     ends, t = [], 0.0
     for d in durations:
         t += d
