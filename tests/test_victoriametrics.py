@@ -146,9 +146,13 @@ def stack(tmp_path_factory):
         for run in ("clean", "faulty"):
             port = free_port()
             targets.append(f"127.0.0.1:{port}")
-            start(f"sidecar-{run}", [sys.executable, "-m", "verl_exporter", "serve", "--listen",
-                                     targets[-1], "--verl-log", str(replay.logs[run]), "--run", run, "--rank", "0",
-                                     "--poll-interval", "0.1", *SIDECAR_OFF], f"http://{targets[-1]}/healthz")
+            # the clean run's sidecar also serves two fake GPUs, so the cross-rank recording rules have data
+            program = [str(REPO / "tests/fake_gpu_sidecar.py"), "--gpus", "all"] if run == "clean" else \
+                ["-m", "verl_exporter", "serve"]
+            off = [f for f in SIDECAR_OFF if run != "clean" or f != "--no-collector.gpu"]
+            start(f"sidecar-{run}", [sys.executable, *program, "--listen", targets[-1], "--verl-log",
+                                     str(replay.logs[run]), "--run", run, "--rank", "0", "--poll-interval", "0.1",
+                                     *off], f"http://{targets[-1]}/healthz")
         file_sd = root / "file_sd"
         file_sd.mkdir()
         (file_sd / "verl-test.json").write_text(json.dumps([{"targets": targets}]))
@@ -270,10 +274,14 @@ def test_vmalert_fires_the_same_alerts_at_the_same_steps_as_prometheus(parity):
     firing = {dict(labels)["alertname"] for state, labels in parity[LAST_STEP][0] if state == "firing"}
     assert "VerlNonFiniteGradNorm" in firing, firing
     for step, (alerts, _) in parity.items():
+        # the clean run is the faulty one without its NaNs (its grad-norm climb and the demo's slow memory
+        # creep stay, and are alerted on): it must raise no NaN alert, and nothing may fire before the fault
         firing = {labels for state, labels in alerts if state == "firing"}
-        assert not [a for a in firing if dict(a).get("run") == "clean"], f"step {step}: the clean run fired"
+        clean_nan = [a for a in firing if dict(a).get("run") == "clean" and "NonFinite" in dict(a)["alertname"]]
+        assert not clean_nan, f"step {step}: the clean run fired {clean_nan}"
         if step < FAULT_STEPS[0]:
-            assert not firing, f"step {step}, before the fault: {firing}"
+            early = [a for a in firing if dict(a)["alertname"] not in ("VerlMemoryLeak", "VerlGradNormGrowing")]
+            assert not early, f"step {step}, before the fault: {early}"
 
 
 def test_vmalert_notifies_alertmanager(stack, parity):
