@@ -74,3 +74,14 @@ def test_older_verls_step_time_sets_the_replay_clock_and_the_detectors_step_seco
     for line in old:
         detectors.observe(line["step"], line["data"], seen_at=None)
     assert detectors.step_seconds() == 420.0
+
+
+def test_the_report_directory_is_created_and_an_unwritable_one_is_a_clear_error(tmp_path, capsys):
+    require_tool("promtool")
+    run = tmp_path / "short.jsonl"
+    rp.write_jsonl(rp.simulate("ppo", steps=12), run)
+    assert main(["backtest", str(run), "--html-dir", str(tmp_path / "new" / "dir"), "--no-progress"]) == 0
+    assert (tmp_path / "new" / "dir" / "short.backtest.html").is_file()
+    (tmp_path / "file").write_text("")
+    assert main(["backtest", str(run), "--html-dir", str(tmp_path / "file" / "sub"), "--no-progress"]) == 2
+    assert "cannot write the report" in capsys.readouterr().out

@@ -2,37 +2,38 @@
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
 import json
 import subprocess
 import sys
 
-from conftest import REPO
+from verl_exporter.demo import DEMO_FAULT, demo_lines
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("make_demo_run", REPO / "scripts" / "make_demo_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_demo_run_is_reproducible():
+    assert demo_lines() == demo_lines()
 
 
-def test_bundled_run_is_what_the_script_generates():
-    gen = load_generator()
-    bundled = gzip.decompress((REPO / "exporter/verl_exporter/data/demo_run.jsonl.gz").read_bytes())
-    assert bundled == gen.encode(gen.generate())
-
-
-def test_bundled_run_carries_its_fault_as_verl_writes_it():
-    gen = load_generator()
-    rows = [json.loads(x) for x in gen.encode(gen.generate()).splitlines()]
+def test_demo_run_carries_its_fault_as_verl_writes_it():
+    rows = [json.loads(x) for x in demo_lines()]
     assert [r["step"] for r in rows] == list(range(1, 301))
     nulls = {r["step"] for r in rows if r["data"]["actor/grad_norm"] is None}
-    assert nulls and min(nulls) > gen.FAULT["start_step"]
-    before = max(r["data"]["actor/grad_norm"] for r in rows if r["step"] < gen.FAULT["start_step"])
+    assert nulls == {DEMO_FAULT.at + 5, DEMO_FAULT.at + 6, DEMO_FAULT.at + 7}
+    assert all(rows[s - 1]["data"]["actor/pg_loss"] is None for s in nulls)
+    before = max(r["data"]["actor/grad_norm"] for r in rows if r["step"] < DEMO_FAULT.at)
     peak = max(r["data"]["actor/grad_norm"] or 0 for r in rows)
     assert peak > 10 * before  # the explosion precedes the NaN, as in verl issue reports
+    assert rows[-1]["data"]["response_length/mean"] < 0.1 * rows[DEMO_FAULT.at - 2]["data"]["response_length/mean"]
+
+
+def test_demo_run_has_the_quirks_of_real_files():
+    rows = [json.loads(x)["data"] for x in demo_lines()]
+    assert all(isinstance(d["perf/total_num_tokens"], int) and isinstance(d["training/global_step"], int)
+               for d in rows)
+    val_steps = [i for i, d in enumerate(rows, 1) if any(k.startswith("val-core/") for k in d)]
+    assert val_steps == list(range(20, 301, 20))
+    assert [i for i, d in enumerate(rows, 1) if "timing_s/save_checkpoint" in d] == [50, 100, 150, 200, 250, 300]
+    assert [(i, d["training/note"]) for i, d in enumerate(rows, 1) if "training/note" in d] == \
+        [(100, "resumed-from-ckpt")]
 
 
 def test_demo_command_replays_into_a_live_sidecar():

@@ -351,7 +351,7 @@ def test_the_build_context_is_enough_to_build_the_package(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = (tmp_path / "dist").glob("verl_exporter-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("verl_exporter/cli.py", "verl_exporter/spec/metrics.yaml", "verl_exporter/data/demo_run.jsonl.gz"):
+    for needed in ("verl_exporter/cli.py", "verl_exporter/spec/metrics.yaml", "verl_exporter/replay.py"):
         assert needed in names, f"{needed} missing from the wheel built from the image's context"
     assert any(n.startswith("verl_exporter/render/templates/") for n in names)
 

@@ -154,6 +154,12 @@ def run_backtest(paths: list[str], step_seconds: float | None = None, html_dir: 
                     f"{e['alert'] + sig:<34} {e['severity']:<9} {e['value']:.4g}")
             if html_dir:
                 target = Path(html_dir) / f"{Path(path).stem}.backtest.html"
-                target.write_text(report_html(Path(path).name, lines, events), encoding="utf-8")
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(report_html(Path(path).name, lines, events), encoding="utf-8")
+                except OSError as e:
+                    out(f"verl-exporter backtest: cannot write the report {target}: {e.strerror or e}")
+                    status = 2
+                    continue
                 out(f"  report: {target}")
     return status

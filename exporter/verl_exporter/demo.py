@@ -1,30 +1,31 @@
 """``verl-exporter demo``: replay a bundled PPO run into a live sidecar, with no GPU and no verl.
 
-The bundled run (data/demo_run.jsonl.gz, made by scripts/make_demo_run.py) is written line by line, in
-verl's file-logger format, to a temporary file that a real sidecar follows, exactly as in production.
+The run comes from the replay engine's simulator (a healthy PPO run with every key verl 0.9.1 logs and a gradient
+explosion injected at step 230); it is written line by line, in verl's file-logger format, to a temporary file
+that a real sidecar follows, exactly as in production.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import signal
 import tempfile
 import threading
 import time
-from importlib import resources
 from pathlib import Path
 
 from .config import ServeConfig
 from .httpserver import ListenError
+from .replay import Fault, simulate
 from .sidecar import Sidecar
 
-DEMO_RUN = "demo_run.jsonl.gz"
+DEMO_FAULT = Fault("grad_explosion", at=230)
 
 
 def demo_lines() -> list[bytes]:
-    raw = resources.files("verl_exporter").joinpath("data", DEMO_RUN).read_bytes()
-    return [line + b"\n" for line in gzip.decompress(raw).splitlines() if line.strip()]
+    """The demo run as verl's file logger writes it: compact JSON lines, NaN as null."""
+    return [json.dumps(line, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+            for line in simulate("ppo", DEMO_FAULT, every_key=True)]
 
 
 def _nonfinite_steps(lines: list[bytes]) -> list[int]:

@@ -116,19 +116,38 @@ def _fault_state(kind: str, k: int, s: dict, p: Profile) -> None:
     elif kind == "grad_spike":  # an explosion starts: two steps at ~100x, then NaN would follow
         if k < 2:
             s["grad"] *= 100
+    elif kind == "grad_explosion":  # the demo's fault, as verl issue reports tell it: the gradient norm climbs
+        # to ~40x over 5 steps, is NaN (with the loss) for 3, then stays large while the policy collapses
+        if k < 5:
+            s["grad"] *= (2.5, 6.0, 12.0, 24.0, 40.0)[k]
+        elif k < 8:
+            s["grad"] = s["loss"] = math.nan
+        else:
+            f = 1 - 0.9 * math.exp(-(k - 8) / 4)
+            s["grad"] *= 8.0
+            s["score"] = s["score"] * (1 - f) + 0.05 * f
+            s["length"] = s["length"] * (1 - f) + 20.0 * f
+            s["entropy"] *= 1 - 0.93 * f
+            s["kl"] += 0.5 * f
+            s["ppo_kl_x"] = 1 + 50 * f
+            s["aborted"] = 0.4 * f
     elif kind != "hang":
         raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
 
 
 FAULTS = ("score_drop", "collapse", "slow_decline", "clip", "memory_leak", "nan", "slowdown", "entropy_collapse",
-          "kl_blowup", "grad_spike", "hang")
+          "kl_blowup", "grad_spike", "grad_explosion", "hang")
 
 
 def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | None = None,
-             seed: int = 20261130) -> list[dict]:
-    """A verl file-logger run, one dict per line: {"step": n, "data": {verl key: value}} (NaN as None)."""
+             seed: int = 20261130, every_key: bool = False) -> list[dict]:
+    """A verl file-logger run, one dict per line: {"step": n, "data": {verl key: value}} (NaN as None).
+
+    every_key adds the rest of what verl 0.9.1's PPO loop logs, with the quirks of real files (see
+    _verl_extras); the core keys keep the same values either way."""
     p = PROFILES[profile] if isinstance(profile, str) else profile
     rng = random.Random(f"{seed}:{p.name}")
+    extras_rng = random.Random(f"{seed}:{p.name}:extras")
     n = steps or p.steps
     out: list[dict] = []
     t = 0.0
@@ -147,6 +166,7 @@ def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | No
         s["aborted"] = rng.uniform(0.0, 0.004) if rng.random() < 0.15 else 0.0
         s["mem"] = p.mem_gib + g(0, 0.03)
         s["gen_x"] = (1 + g(0, 0.04)) * (1.5 if i == 1 else 1.0)
+        s["loss"], s["ppo_kl_x"] = 0.0, 1.0
         hang = False
         if fault is not None and i >= fault.at:
             fault_t = t if fault_t is None else fault_t
@@ -166,7 +186,8 @@ def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | No
         update = p.step_s * 0.35 * tokens / (p.batch * (p.len0 + 200)) * (1 + g(0, 0.03))
         step_s = gen + update + p.step_s * 0.15 * (1 + g(0, 0.05))
         d: dict = {
-            "actor/pg_loss": g(-0.004, 0.015), "actor/entropy": s["entropy"], "actor/ppo_kl": 1e-4 * (1 + g(0, 0.5)),
+            "actor/pg_loss": g(-0.004, 0.015) + s["loss"], "actor/entropy": s["entropy"],
+            "actor/ppo_kl": 1e-4 * (1 + g(0, 0.5)) * s["ppo_kl_x"],
             "actor/pg_clipfrac": 0.004 + abs(g(0, 0.0015)), "actor/grad_norm": s["grad"], "actor/lr": 1e-6,
             p.kl_key: s["kl"],
             "critic/score/mean": s["score"], "critic/score/max": 1.0, "critic/score/min": -1.0,
@@ -183,10 +204,66 @@ def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | No
         if p.critic:
             d["critic/vf_loss"] = 0.3 * math.exp(-i / 100) + 0.04
             d["critic/vf_explained_var"] = 0.6 - 0.8 * math.exp(-i / 60) + g(0, 0.03)
+        if every_key:
+            _verl_extras(d, i, p, extras_rng)
         data = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
         out.append({"step": i, "data": data})
         t += step_s
     return out
+
+
+VAL_EVERY, SAVE_EVERY, STEPS_PER_EPOCH, NOTE_STEP, VAL_TAG = 20, 50, 100, 100, "openai/gsm8k"
+
+
+def _verl_extras(d: dict, i: int, p: Profile, rng: random.Random) -> None:
+    """The rest of a verl 0.9.1 PPO step's keys, derived from the core ones, with real files' quirks: integer
+    counters written as JSON integers, `val-*` and `timing_s/testing` only on validation steps,
+    `timing_s/save_checkpoint` only on save steps, and a string value (`training/note`) at one step."""
+    g = rng.gauss
+    length, score, step_s = d["response_length/mean"], d["critic/score/mean"], d["timing_s/step"]
+    tokens = int(d["perf/total_num_tokens"])
+    d.update({
+        "actor/entropy_loss": d["actor/entropy"], "actor/kl_coef": 0.001, "actor/loss": d["actor/pg_loss"],
+        "actor/pg_clipfrac_lower": abs(g(0, 2e-4)), "actor/mfu": d["perf/mfu/actor"],
+        "actor/reward_kl_penalty_coeff": 0.001,
+        "critic/rewards/max": 1.0, "critic/rewards/min": -1.0 if p.score0 < 0 else 0.0,
+        "critic/advantages/mean": g(0, 4e-9), "critic/advantages/max": 3.4 + rng.random(),
+        "critic/advantages/min": -3.1 - rng.random(), "critic/returns/mean": score + g(0, 0.006),
+        "critic/returns/max": 1.0, "critic/returns/min": -0.01,
+        "response_length_non_aborted/mean": length, "response_length_non_aborted/max": d["response_length/max"],
+        "response_length_non_aborted/min": d["response_length/min"],
+        "response_length_non_aborted/clip_ratio": d["response_length/clip_ratio"],
+        "prompt_length/max": float(rng.randint(236, 262)), "prompt_length/min": float(rng.randint(54, 66)),
+        "prompt_length/clip_ratio": 0.0,
+        "global_seqlen/min": tokens // p.gpus - 900, "global_seqlen/max": tokens // p.gpus + 900,
+        "global_seqlen/minmax_diff": 1800, "global_seqlen/mean": tokens / p.gpus,
+        "perf/total_num_tokens": tokens, "perf/cpu_memory_used_gb": 82.0 + g(0, 0.2),
+        "perf/mfu/actor_infer": 0.2 * (1 + g(0, 0.03)),
+        "training/global_step": i, "training/epoch": (i - 1) // STEPS_PER_EPOCH,
+        "training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": 0.4 + 0.1 * rng.random(),
+        "training/rollout_probs_diff_mean": 0.003 * (1 + g(0, 0.1)),
+        "training/rollout_probs_diff_std": 0.01 * (1 + g(0, 0.1)),
+    })
+    for name, share in (("reward", 0.02), ("old_log_prob", 0.05), ("ref", 0.05), ("adv", 0.01)):
+        d[f"timing_s/{name}"] = step_s * share
+        d[f"timing_per_token_ms/{name}"] = step_s * share * 1000 / tokens
+    if p.critic:
+        value = score - 0.05 + g(0, 0.004)
+        d.update({"critic/values/mean": value, "critic/values/max": value + 0.55, "critic/values/min": value - 0.55,
+                  "critic/vpred_mean": value, "critic/vf_clipfrac": abs(g(0, 0.002)), "critic/lr": 1e-5,
+                  "critic/grad_norm": 1.0 * math.exp(g(0, 0.2)), "critic/mfu": 0.3 * (1 + g(0, 0.03)),
+                  "perf/mfu/critic": 0.3 * (1 + g(0, 0.03)), "timing_s/values": step_s * 0.05,
+                  "timing_s/update_critic": step_s * 0.1})
+    if i % VAL_EVERY == 0:
+        v = min(0.97, max(0.005, score - 0.03 + g(0, 0.012)))
+        d["timing_s/testing"] = 40.0 * (1 + g(0, 0.05))
+        d[f"val-core/{VAL_TAG}/reward/mean@4"] = v
+        d[f"val-core/{VAL_TAG}/reward/best@4/mean"] = 1 - (1 - v) ** 2.1
+        d[f"val-aux/{VAL_TAG}/reward/std@4"] = 0.8 * math.sqrt(v * (1 - v))
+    if i % SAVE_EVERY == 0:
+        d["timing_s/save_checkpoint"] = rng.uniform(21.0, 29.0)
+    if i == NOTE_STEP:
+        d["training/note"] = "resumed-from-ckpt"
 
 
 def write_jsonl(lines: Iterable[dict], path: str | Path) -> None:
