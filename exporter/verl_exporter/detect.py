@@ -217,6 +217,8 @@ class Detectors:
         """{gauge name: {(signal,): value}} of what each signal exports (its `export` list)."""
         out: dict[str, dict[tuple[str, ...], float]] = {}
         for d in self.detectors:
+            if not d.values:  # a signal this rank never logs (every rank but the driver) costs no series
+                continue
             for stat in d.spec.export:
                 value = d.stats.get(stat)
                 if value is not None:

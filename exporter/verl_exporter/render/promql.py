@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..spec import MetricSpec, Spec
+from ..spec import RECORDINGS, WINDOW_RECORDING, MetricSpec, Spec
 from ..spec.rules import Alert, duration_seconds
 
 NONFINITE = "verl_training_nonfinite_values_total"
@@ -22,10 +22,14 @@ CROSS_RANK_OPS = ("avg", "stddev", "min", "max")
 MIN_SAMPLES = 10  # an adaptive alert says nothing until its window holds this many samples
 
 
+WINDOW_GROUP = "windows"  # the recording group of per-series window aggregates, evaluated once a minute
+
+
 @dataclass(frozen=True)
 class Recording:
     record: str
     expr: str
+    group: str = "recording"
 
 
 def selector(*parts: str) -> str:
@@ -67,6 +71,18 @@ def cross_rank_records(metric: MetricSpec, sel: str) -> list[Recording]:
     drop = ", ".join(CROSS_RANK_DROP)
     return [Recording(f"job_run:{metric.name}:{op}", f"{op} without ({drop}) ({vector(metric.name, sel)})")
             for op in CROSS_RANK_OPS]
+
+
+def window_records(metric: MetricSpec, sel: str) -> list[Recording]:
+    """rank:<metric>:avg_over_time_10m = avg_over_time(<metric>[10m]), per series, for record: entries."""
+    out = []
+    for kind in metric.record:
+        if kind in RECORDINGS:
+            continue
+        fn, window = WINDOW_RECORDING.fullmatch(kind).groups()
+        out.append(Recording(f"rank:{metric.name}:{kind}", f"{fn}_over_time({vector(metric.name, sel)}[{window}])",
+                             WINDOW_GROUP))
+    return out
 
 
 JOIN = "on (job, instance, run, rank)"  # how one sidecar's series of different metrics are matched
@@ -166,6 +182,8 @@ def all_recordings(spec: Spec) -> list[Recording]:
         if "cross_rank" in metric.record:
             for r in cross_rank_records(metric, sel):
                 seen.setdefault(r.record, r)
+        for r in window_records(metric, sel):
+            seen.setdefault(r.record, r)
     for alert in spec.alerts():
         if alert.kind == "adaptive":
             for r in adaptive_records(alert, sel):

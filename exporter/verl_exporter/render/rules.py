@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..spec import Spec
 from ..spec.rules import Alert
-from .promql import alert_expr, all_recordings
+from .promql import WINDOW_GROUP, alert_expr, all_recordings
 from .rule_tests import all_cases
 from .templating import render
 
@@ -14,6 +14,10 @@ TESTS_FILE = "rules/tests/generated-test.yaml"
 # Alert groups by the layer of the metric they watch (cross-metric alerts have their own group).
 GROUP_OF_LAYER = {"data": "training", "compute": "training", "resource": "resources", "fault": "faults",
                   "exporter": "exporter"}
+# A collector whose alerts read one series per link or GPU of the whole fleet gets its own group: a group's
+# rules run one after the other, groups run side by side, and each group must finish within its interval.
+GROUP_OF_COLLECTOR = {"nvlink": "nvlink"}
+WINDOW_INTERVAL = "1m"
 
 
 def runbook_url(spec: Spec, alert: Alert) -> str:
@@ -34,15 +38,24 @@ def alert_rule(spec: Spec, alert: Alert) -> dict:
 def alert_groups(spec: Spec) -> list[dict]:
     groups: dict[str, list[dict]] = {}
     for alert in spec.alerts():
-        layer = spec[alert.metric].layer if alert.metric in spec else "cross"
-        name = "verl-exporter." + GROUP_OF_LAYER.get(layer, "cross-layer")
+        if alert.metric in spec:
+            metric = spec[alert.metric]
+            group = GROUP_OF_COLLECTOR.get(metric.collector) or GROUP_OF_LAYER.get(metric.layer, "cross-layer")
+        else:
+            group = "cross-layer"
+        name = "verl-exporter." + group
         groups.setdefault(name, []).append(alert_rule(spec, alert))
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
 
 
 def recording_groups(spec: Spec) -> list[dict]:
-    rules = [{"record": r.record, "expr": r.expr} for r in all_recordings(spec)]
-    return [{"name": "verl-exporter.recording", "rules": rules}] if rules else []
+    groups: dict[str, dict] = {}
+    for r in all_recordings(spec):
+        group = groups.setdefault(r.group, {"name": f"verl-exporter.{r.group}", "rules": []})
+        if r.group == WINDOW_GROUP:
+            group["interval"] = WINDOW_INTERVAL
+        group["rules"].append({"record": r.record, "expr": r.expr})
+    return list(groups.values())
 
 
 def render_rules(spec: Spec) -> dict[str, str]:

@@ -45,6 +45,9 @@ SOURCE_KEYS = {"match", "regex", "labels", "values", "convert", "scale", "when_a
 TOP_KEYS = {"version", "target_labels", "defaults", "rules", "alerts", "metrics"}
 RULES_KEYS = {"selector", "runbook_url", "evaluation_interval", "relay_url"}
 RECORDINGS = ("cross_rank",)
+# Per-series window aggregates recorded once a minute, so that alerts over thousands of GPUs read one recorded
+# sample per series instead of a window of raw samples: record: [avg_over_time_10m, max_over_time_1m, ...]
+WINDOW_RECORDING = re.compile(r"(avg|max|min)_over_time_([1-9][0-9]*[mh])")
 DEFAULT_KEYS = {"max_series"}
 
 DEFAULT_SPEC = "metrics.yaml"
@@ -349,8 +352,9 @@ def _parse_entry(i: int, raw: Any, defaults: dict, target_labels: tuple[str, ...
         parsed = [parse(str(name), j, item, problems) for j, item in enumerate(val)]
         extras[key] = tuple(x for x in parsed if x is not None)
     record = raw.get("record", []) or []
-    if not isinstance(record, list) or set(record) - set(RECORDINGS):
-        problems.append(f"{where}: record may list {list(RECORDINGS)}")
+    if not isinstance(record, list) or any(r not in RECORDINGS and not WINDOW_RECORDING.fullmatch(str(r))
+                                           for r in record):
+        problems.append(f"{where}: record may list {list(RECORDINGS)} and <avg|max|min>_over_time_<N><m|h>")
         record = []
     extras["record"] = tuple(record)
     detect = raw.get("detect", []) or []
