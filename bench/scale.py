@@ -81,7 +81,7 @@ from verl_exporter.server import make_app  # noqa: E402
 from verl_exporter.sidecar import Sidecar  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
 
-RULE_FILES = (REPO / "rules" / "verl-alerts.yaml", REPO / "rules" / "verl-recording.yaml")
+RULE_FILES = [REPO / "rules" / "verl-alerts.yaml", REPO / "rules" / "verl-recording.yaml"]  # --rules DIR: others
 JOB = "verl"
 RUN = "scale"
 GPUS_PER_NODE = 8
@@ -494,9 +494,15 @@ def rule_lookbacks(paths) -> dict[str, float]:
                 if lookback <= 0:
                     continue
                 for name, rng, offset in _SELECTOR.findall(expr):
-                    if (rng or offset) and ":" not in name:  # recorded series (a:b:c) are not scraped
+                    # recorded series (a:b:c) are not scraped; the per-series window aggregates of the
+                    # once-a-minute group (rank:<metric>:<fn>_over_time_<w>) are backfilled from <metric>
+                    if (rng or offset) and (":" not in name or _WINDOW_RECORD.fullmatch(name)):
                         need[name] = max(need.get(name, 0.0), lookback)
     return need
+
+
+_WINDOW_RECORD = re.compile(r"rank:([a-zA-Z_][a-zA-Z0-9_]*):(?:avg|max|min)_over_time_[0-9]+[mh]")
+WINDOW_RECORD_INTERVAL = 60.0  # the generated windows group's interval
 
 
 def write_backfill(path: Path, templates: list[Template], ports: list[int], lookbacks: dict[str, float],
@@ -506,24 +512,28 @@ def write_backfill(path: Path, templates: list[Template], ports: list[int], look
     samples = 0
     series = 0
     per_metric: Counter = Counter()
+    recorded: dict[str, list[tuple[str, float]]] = {}  # scraped metric -> its window recordings and look-backs
+    for name, lookback in lookbacks.items():
+        if m := _WINDOW_RECORD.fullmatch(name):
+            recorded.setdefault(m.group(1), []).append((name, lookback))
     with open(path, "w", buffering=1 << 20) as f:
         write = f.write
         for template, port in zip(templates, ports, strict=True):
             target = f'job="{JOB}",instance="127.0.0.1:{port}"'
             for name, prefix, kind, base, phase, clamp in template.series:
-                lookback = lookbacks.get(name)
-                if lookback is None:
-                    continue
                 p = prefix.rstrip()
                 p = f"{p[:-1]},{target}}} " if p.endswith("}") else f"{p}{{{target}}} "
-                n = int(lookback // interval) + 1
                 value = template.value
-                for k in range(n, 0, -1):
-                    t = end - k * interval
-                    write(f"{p}{value(kind, base, phase, clamp, t)!r} {t:.3f}\n")
-                samples += n
-                series += 1
-                per_metric[name] += n
+                plans = [(name, p, lookbacks[name], interval)] if name in lookbacks else []
+                plans += [(rec, rec + p[len(name):], lb, WINDOW_RECORD_INTERVAL) for rec, lb in recorded.get(name, [])]
+                for out_name, out_prefix, lookback, step in plans:
+                    n = int(lookback // step) + 1
+                    for k in range(n, 0, -1):
+                        t = end - k * step
+                        write(f"{out_prefix}{value(kind, base, phase, clamp, t)!r} {t:.3f}\n")
+                    samples += n
+                    series += 1
+                    per_metric[out_name] += n
         write("# EOF\n")
     return {"samples": samples, "series": series, "bytes": path.stat().st_size,
             "samples_by_metric": dict(per_metric.most_common())}
@@ -1284,6 +1294,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="no history: rules read only what the run scraped (short windows)")
     parser.add_argument("--host-procfs", metavar="DIR",
                         help="read host series from this procfs (e.g. /proc) instead of the modelled 8-GPU node")
+    parser.add_argument("--rules", metavar="DIR", help="judge the rule files in DIR (verl-alerts.yaml, "
+                        "verl-recording.yaml) instead of the generated ones, e.g. an older version's")
     parser.add_argument("--extrapolate-to", type=int, default=4096, help="ranks to extrapolate to (default 4096)")
     parser.add_argument("--no-victoriametrics", dest="victoriametrics", action="store_false",
                         help="Prometheus only (by default the same fleet then runs on VictoriaMetrics too)")
@@ -1293,6 +1305,10 @@ def main(argv: list[str] | None = None) -> int:
                      "or pass --no-victoriametrics")
     if args.ranks < 2:
         parser.error("--ranks must be at least 2 (rank 0 and an ordinary rank)")
+    if args.rules:
+        RULE_FILES[:] = [Path(args.rules) / "verl-alerts.yaml", Path(args.rules) / "verl-recording.yaml"]
+        if missing := [str(p) for p in RULE_FILES if not p.is_file()]:
+            parser.error(f"--rules: no {', '.join(missing)}")
     if args.duration is None:
         args.duration = 25.0 if args.quick else 120.0
     if args.warmup is None:
