@@ -1139,8 +1139,12 @@ def build_table(r: dict) -> str:
     pr, p, n, ex = r["per_rank"], r["prometheus"], r["env"]["ranks"], r["extrapolation"]
     add("series per rank, ordinary", str(pr["ordinary"]["series"]), "goal", str(SERIES_GOAL),
         pr["ordinary"]["series"] / SERIES_GOAL, 1.0)
-    add("series per rank, rank 0", str(pr["rank0"]["series"]), "goal", str(SERIES_GOAL),
-        pr["rank0"]["series"] / SERIES_GOAL, 1.0)
+    # Rank 0's training series are what the run logs (one per verl key, capped per family by max_series), not
+    # the pack's choice: the budget holds the rest, and the training series are shown apart.
+    training = pr["rank0"]["sources"].get("training", 0)
+    own = pr["rank0"]["series"] - training
+    add("series per rank, rank 0 (without training)", str(own), "goal", str(SERIES_GOAL), own / SERIES_GOAL, 1.0)
+    info("  rank 0's training series (what the run logs)", str(training))
     add(f"head series, {n} ranks", f"{p['head_series']:,.0f}", f"goal x {n} ranks", f"{SERIES_GOAL * n:,}",
         p["head_series"] / (SERIES_GOAL * n), None)
     sd = p["scrape_duration"]
