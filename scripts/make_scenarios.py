@@ -380,6 +380,7 @@ def add_gpu_series(run: Run) -> None:
         run.add("verl_gpu_row_remap_failed", lab, [0.0] * n)
         for link in LINKS:
             run.add("verl_gpu_nvlink_link_up", {**lab, "link": link}, [1.0] * n)
+        run.add("verl_gpu_nvlink_links_down", lab, [0.0] * n)
         run.add("verl_gpu_nvlink_errors_total", {**lab, "type": "replay"},
                 [float(sum(rng.choice((0, 0, 0, 1, 2, 7)) for _ in LINKS))] * n)
 
@@ -887,13 +888,14 @@ def scenarios() -> list[Scenario]:
     def nvlink(run: Run) -> None:
         edit(run, "verl_gpu_nvlink_errors_total", F, lambda k, v: v + 40.0 * (min(k, 5) + 1), rank="0")
         edit(run, "verl_gpu_nvlink_link_up", F + 5, lambda k, v: 0.0, rank="0", link="2")
+        edit(run, "verl_gpu_nvlink_links_down", F + 5, lambda k, v: 1.0, rank="0")
 
     def nvlink_expect(run: Run) -> list[Expect]:
-        up, err = run.s("verl_gpu_nvlink_link_up", rank="0", link="2"), run.s("verl_gpu_nvlink_errors_total",
-                                                                             rank="0")
+        down, err = run.s("verl_gpu_nvlink_links_down", rank="0"), run.s("verl_gpu_nvlink_errors_total", rank="0")
         gpu = run.out_labels("verl_gpu_up", rank="0")
-        return [Expect("VerlNVLinkDown", run.out_labels("verl_gpu_nvlink_link_up", rank="0", link="2"),
-                       lambda m: inst(up, m) < 1, "the link to go down after 5 minutes of replays"),
+        return [Expect("VerlNVLinkDown", run.out_labels("verl_gpu_nvlink_links_down", rank="0"),
+                       lambda m: inst(down, m) > 0, "the link to go down after 5 minutes of replays",
+                       value=lambda m: inst(down, m)),
                 Expect("VerlNVLinkErrors", gpu,
                        lambda m: len(window(err, m, 10)) >= 2 and window(err, m, 10)[-1] > window(err, m, 10)[0],
                        "the replay counter to rise")]

@@ -41,6 +41,7 @@ def test_link_states_per_link_errors_per_type_and_data_bytes():
     s = c.sample()
     assert value(s, "verl_gpu_nvlink_supported", gpu=1) == 1
     assert [value(s, "verl_gpu_nvlink_link_up", gpu=1, link=k) for k in range(4)] == [1, 1, 0, 1]
+    assert value(s, "verl_gpu_nvlink_links_down", gpu=1) == 1 and value(s, "verl_gpu_nvlink_links_down", gpu=0) == 0
     g.nvlink_errors[(2, NVML_NVLINK_ERROR_DL_REPLAY)] = 3
     s = c.sample()
     # summed over the links, one series per type: 4 per GPU whatever the number of links
@@ -118,3 +119,15 @@ def test_a_lost_gpu_has_no_nvlink_series_until_it_is_back():
     fake.restore(1)
     assert value(c.sample(), "verl_gpu_nvlink_link_up", gpu=1, link=1) == 1
     c.close()
+
+
+def test_links_down_follows_the_link_states():
+    # The alert reads this one series per GPU instead of a fleet's per-link series (18 per H200).
+    fake = FakeNvml(1, nvlink_links=4)
+    g = fake.gpu(0)
+    g.nvlink_states[0] = 0
+    g.nvlink_states[3] = 0
+    c = NvlinkCollector(make_context(fake))
+    assert value(c.sample(), "verl_gpu_nvlink_links_down", gpu=0) == 2
+    g.nvlink_states = [1] * 4
+    assert value(c.sample(), "verl_gpu_nvlink_links_down", gpu=0) == 0

@@ -139,11 +139,17 @@ class NvlinkCollector(Collector):
         n, h = self.nvml, st.gpu.handle
         rows: list[Sample] = [("verl_gpu_nvlink_supported", st.labels, 1.0)]
         state, counter = n.nvmlDeviceGetNvLinkState, n.nvmlDeviceGetNvLinkErrorCounter
+        down, read = 0, 0
         for link, labels in st.link_labels.items():
             try:
-                rows.append(("verl_gpu_nvlink_link_up", labels, 1.0 if state(h, link) == 1 else 0.0))
+                up = state(h, link) == 1
             except Exception as e:
                 self._fail(st, "state", e)
+                continue
+            rows.append(("verl_gpu_nvlink_link_up", labels, 1.0 if up else 0.0))
+            down, read = down + (not up), read + 1
+        if read:  # one series per GPU for the alert: a fleet's per-link series are 18x as many to evaluate
+            rows.append(("verl_gpu_nvlink_links_down", st.labels, float(down)))
         # Error counters are summed over the links, per type: 4 series per GPU instead of 4 per link (72 on an
         # H200), which is what the scale run showed dominating series and rule time; a link that goes down is
         # still seen per link in link_up.
