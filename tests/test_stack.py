@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import REPO, Proc, free_port, http_get, ready, require_tool, wait_for
+from conftest import REPO, Proc, compressed_rule_files, free_port, http_get, ready, require_tool, wait_for
 from robots import FakeDingTalk
 from verl_exporter import Monitor
 from verl_exporter.checkpoint_manifest import write_manifest
@@ -113,7 +113,7 @@ def stack(tmp_path_factory):
         # -- a real Prometheus with the generated rules, scraping the sidecar every second
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(REPO / "rules/verl-recording.yaml"), str(REPO / "rules/verl-alerts.yaml")],
+            "rule_files": [str(p) for p in compressed_rule_files(root)],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{aport}"]}]}]},
             "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [f"127.0.0.1:{sport}"]}]}],
         }

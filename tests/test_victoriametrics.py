@@ -23,13 +23,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, Proc, free_port, http_get, ready, require_tool, wait_for
+from conftest import REPO, Proc, compressed_rule_files, free_port, http_get, ready, require_tool, wait_for
 from verl_exporter.demo import _nonfinite_steps, demo_lines
 
 pytestmark = pytest.mark.integration
 
 INTERVAL = "1s"
-RULE_FILES = [REPO / "rules/verl-recording.yaml", REPO / "rules/verl-alerts.yaml"]
 VMAGENT_YML = REPO / "docker/victoriametrics/vmagent.yml"
 LINES = demo_lines()
 FAULT_STEPS = _nonfinite_steps(LINES)
@@ -190,7 +189,8 @@ def stack(tmp_path_factory):
                                f"--storage.path={root / 'am'}", f"--web.listen-address=127.0.0.1:{aport}",
                                "--cluster.listen-address="], f"http://127.0.0.1:{aport}/-/ready")
         vmalert = f"127.0.0.1:{free_port()}"
-        start("vmalert", [binaries["vmalert"], *[f"-rule={p}" for p in RULE_FILES], f"-httpListenAddr={vmalert}",
+        rule_files = compressed_rule_files(root)
+        start("vmalert", [binaries["vmalert"], *[f"-rule={p}" for p in rule_files], f"-httpListenAddr={vmalert}",
                           f"-datasource.url=http://{vm}", f"-remoteWrite.url=http://{vm}",
                           f"-notifier.url=http://127.0.0.1:{aport}", f"-evaluationInterval={INTERVAL}",
                           "-remoteWrite.flushInterval=200ms", "-loggerLevel=WARN"], f"http://{vmalert}/health")
@@ -198,7 +198,7 @@ def stack(tmp_path_factory):
         # the Prometheus path, remote-writing everything to the second victoria-metrics
         prom_config = {
             "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
-            "rule_files": [str(p) for p in RULE_FILES],
+            "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [{"job_name": "verl", "file_sd_configs": [
                 {"files": [str(file_sd / "verl-*.json")], "refresh_interval": "1s"}]}],
             "remote_write": [{"url": f"http://{vm_ha}/api/v1/write"}],
