@@ -170,7 +170,7 @@ def test_config_reports_every_problem_at_once_naming_target_and_route(tmp_path):
         "target 'dt': url must not carry access_token",
         "target 'wc': cannot read token_file", "target 'wc': format must be one of",
         "target 'wc': mention_all_severities entry 'urgent'", "target 'wc': WeCom robots are not signed",
-        "target 'wc': cannot read template", "target 'odd': type must be one of ['dingtalk', 'wecom']",
+        "target 'wc': cannot read template", "target 'odd': type must be one of ['dingtalk', 'wecom', 'console']",
         "routes[0]: unknown target 'ghost'", "routes[1]: matchers.severity: regex does not compile",
         "routes[1]: matchers: bad label name 'bad-label'", "routes[1]: continue must be true or false",
         "routes[2]: targets is missing",

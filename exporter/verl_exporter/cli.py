@@ -103,11 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     relay_parser(sub)
     node.add_parser(sub)
 
-    demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) into a live sidecar")
-    demo.add_argument("--listen", default="127.0.0.1:9477", metavar="HOST:PORT")
+    demo = sub.add_parser("demo", help="replay a bundled PPO run (with one injected fault) through the whole alert "
+                                       "path: sidecar, Prometheus, Alertmanager, relay, checkpoint")
+    demo.add_argument("--listen", metavar="HOST:PORT",
+                      help="the sidecar's address (default: a free loopback port; alone: 127.0.0.1:9477)")
     demo.add_argument("--rate", type=_positive_rate, default=10.0, help="steps replayed per second (default 10)")
     demo.add_argument("--exit-after-replay", action="store_true",
-                      help="stop when the replay ends instead of serving until Ctrl-C")
+                      help="stop (and clean up) when the replay ends instead of serving until Ctrl-C")
+    demo.add_argument("--prometheus", metavar="PATH", help="Prometheus server to start (default: prometheus on PATH)")
+    demo.add_argument("--alertmanager", metavar="PATH",
+                      help="Alertmanager to start (default: prometheus-alertmanager or alertmanager on PATH)")
+    demo.add_argument("--robot", choices=["dingtalk", "wecom"], default="dingtalk",
+                      help="show messages as this robot formats them (default dingtalk)")
+    demo.add_argument("--sidecar-only", action="store_true",
+                      help="serve the sidecar alone (no Prometheus, Alertmanager or relay)")
 
     bt = sub.add_parser("backtest", help="replay recorded verl runs through the alert pack: timeline + HTML report")
     bt.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="verl file-logger logs")
@@ -241,9 +250,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from .demo_stack import run
 
-    return run_demo(listen=args.listen, rate=args.rate, exit_after_replay=args.exit_after_replay)
+    return run(listen=args.listen, rate=args.rate, exit_after_replay=args.exit_after_replay,
+               prometheus=args.prometheus, alertmanager=args.alertmanager, sidecar_only=args.sidecar_only,
+               robot=args.robot)
 
 
 def cmd_checkpoint(args) -> int:

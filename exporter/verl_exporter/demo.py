@@ -87,4 +87,7 @@ steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_val
         out(f"still serving {url}/metrics — Ctrl-C to stop")
         done.wait()
     sidecar.stop()
+    import shutil
+
+    shutil.rmtree(workdir, ignore_errors=True)  # the temporary log: leave nothing behind
     return 0

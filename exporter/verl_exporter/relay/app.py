@@ -41,6 +41,8 @@ class RelayApp:
         self.actions = actions
         self.draining = False
         self._metrics_app = metrics_app(metrics.registry())
+        # Called with (receiver, payload) for each valid webhook before it is queued (the demo prints them).
+        self.on_webhook = None
 
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "/")
@@ -99,6 +101,11 @@ class RelayApp:
         if payload.truncated_alerts:
             log.warning("webhook %s: Alertmanager truncated %d alert(s) of this group (max_alerts)", receiver,
                         payload.truncated_alerts)
+        if self.on_webhook is not None:
+            try:
+                self.on_webhook(receiver, payload)
+            except Exception:  # an observer must never cost Alertmanager its answer
+                log.exception("webhook %s: the on_webhook observer failed", receiver)
         if self.actions is not None:
             self.actions.consider(payload.alerts)
         try:

@@ -1,4 +1,4 @@
-"""`verl-exporter relay --config FILE [--listen HOST:PORT] [--check-config]` (argparse only).
+"""`verl-exporter relay --config FILE [--listen HOST:PORT] [--check-config | --preview ALERT.json]` (argparse only).
 
 The main command line adds it with add_parser(subparsers) and run(args); `python -m verl_exporter.relay`
 uses main().
@@ -28,6 +28,10 @@ def _flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default: the config's, 127.0.0.1:9095)")
     p.add_argument("--check-config", action="store_true",
                    help="load the config (secrets and templates included), print a summary, and exit")
+    p.add_argument("--preview", metavar="ALERT.json",
+                   help="route and format this Alertmanager webhook payload ('-': stdin) and print each target's "
+                        "messages as the robot would show them; sends nothing, needs no secrets")
+    p.add_argument("--body", action="store_true", help="with --preview: print the exact JSON bodies instead")
 
 
 def run(args) -> int:
@@ -36,6 +40,8 @@ def run(args) -> int:
     from .config import RelayConfigError, load_config
     from .journal import SpoolError, check_spool_dir
 
+    if getattr(args, "preview", None):
+        return _preview(args)
     try:
         config = load_config(args.config)
         if args.listen:
@@ -50,6 +56,10 @@ def run(args) -> int:
             return 2
         for name, t in config.targets.items():
             signed = ", signed" if t.secret is not None else ""
+            if t.type == "console":
+                where = str(t.file) if t.file is not None else "standard output"
+                print(f"target {name}: console as {t.robot} {t.format} ({t.show}), to {where}")
+                continue
             print(f"target {name}: {t.type} {t.format}{signed}, {t.rate_per_minute}/min, token from {t.token.source}")
         for i, r in enumerate(config.routes):
             cond = (f"receivers {list(r.receivers)}" if r.receivers else "any receiver") + (
@@ -77,6 +87,32 @@ def run(args) -> int:
     left = relay.stop()
     logging.getLogger("verl_exporter.relay").info("relay stopped; %d alert(s) left over", sum(left.values()))
     return 0
+
+
+def _preview(args) -> int:
+    import os
+
+    from .config import RelayConfigError, load_config
+    from .payload import PayloadError, parse_payload
+    from .preview import preview, read_payload
+
+    try:
+        config = load_config(args.config, secrets_needed=False)  # nothing is sent: no secret is needed
+    except RelayConfigError as e:
+        print(f"verl-exporter relay: {e}", file=sys.stderr)
+        return 2
+    try:
+        payload = parse_payload(read_payload(args.preview))
+    except OSError as e:
+        print(f"verl-exporter relay: cannot read {args.preview}: {e.strerror}", file=sys.stderr)
+        return 2
+    except PayloadError as e:
+        problems = "\n  - ".join(e.problems[:10])
+        print(f"verl-exporter relay: {args.preview} is not an Alertmanager webhook payload (version 4):\n  - "
+              f"{problems}", file=sys.stderr)
+        return 2
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    return preview(config, payload, body=args.body, color=color)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timezone, tzinfo
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,11 @@ import yaml
 from ..server import parse_listen
 from .actions import parse_actions
 
-TARGET_TYPES = ("dingtalk", "wecom")
+ROBOT_TYPES = ("dingtalk", "wecom")
+# A console target sends nothing: it writes each message as its `style` robot would show it (previews, the demo).
+TARGET_TYPES = (*ROBOT_TYPES, "console")
+CONSOLE_SHOW = ("rendered", "body")  # the message as the robot shows it, or the exact JSON body it would get
+CONSOLE_COLOR = ("auto", "always", "never")
 FORMATS = ("markdown", "text")
 SEVERITIES = ("critical", "warning", "info")
 DEFAULT_URLS = {
@@ -37,7 +41,9 @@ DELIVERY_KEYS = {"max_attempts", "initial_backoff_seconds", "max_backoff_seconds
                  "request_timeout_seconds", "drain_seconds", "queue_max_alerts", "rate_window_seconds"}
 TARGET_KEYS = {"type", "url", "token_env", "token_file", "secret_env", "secret_file", "mention_mobiles",
                "mention_userids", "mention_severities", "mention_all_severities", "format", "rate_per_minute",
-               "template", "text_template"}
+               "template", "text_template", "style", "file", "show", "color"}
+ROBOT_ONLY_KEYS = {"url", "token_env", "token_file", "secret_env", "secret_file"}
+CONSOLE_ONLY_KEYS = {"style", "file", "show", "color"}
 ROUTE_KEYS = {"receivers", "matchers", "targets", "continue"}
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -124,10 +130,24 @@ class Target:
     rate_per_minute: int = 20
     template: str | None = None  # template source text (read at load), replacing the default for `format`
     text_template: str | None = None  # for the text fallback (WeCom mentions that must ring)
+    # console targets only: the robot whose formatting they reproduce, where and what they write
+    style: str = ""
+    file: Path | None = None  # None: standard output
+    show: str = "rendered"
+    color: str = "auto"
 
     def secrets(self) -> list[str]:
         """The values to scrub from any text before it is logged."""
         return [s.reveal() for s in (self.token, self.secret) if s is not None and s.reveal()]
+
+    @property
+    def robot(self) -> str:
+        """The robot whose message format this target uses (dingtalk or wecom)."""
+        return self.style or self.type
+
+    def as_robot(self) -> Target:
+        """This target as its robot for formatting: a console target formats exactly as its `style` robot."""
+        return replace(self, type=self.style) if self.type == "console" else self
 
 
 @dataclass(frozen=True)
@@ -191,10 +211,12 @@ class RelayConfig:
 class _Loader:
     """Holds the problem list while one document is checked."""
 
-    def __init__(self, base_dir: Path, environ: dict[str, str]):
+    def __init__(self, base_dir: Path, environ: dict[str, str], secrets_needed: bool = True):
         self.problems: list[str] = []
         self.base_dir = base_dir
         self.environ = environ
+        # False for --preview, which sends nothing: a secret that is not set is then an empty placeholder
+        self.secrets_needed = secrets_needed
 
     def secret(self, where: str, raw: dict, stem: str, required: bool) -> Secret | None:
         env_key, file_key = f"{stem}_env", f"{stem}_file"
@@ -207,6 +229,8 @@ class _Loader:
                 self.problems.append(f"{where}: {env_key} must be the name of an environment variable")
                 return None
             value = self.environ.get(var, "")
+            if not value.strip() and not self.secrets_needed:
+                return Secret("", f"env {var} (not set)")
             if not value.strip():
                 self.problems.append(f"{where}: environment variable {var} ({env_key}) is not set or empty")
                 return None
@@ -218,6 +242,8 @@ class _Loader:
             try:
                 value = path.read_text(encoding="utf-8").strip()
             except (OSError, UnicodeDecodeError) as e:
+                if not self.secrets_needed:
+                    return Secret("", f"file {path} (not read)")
                 reason = getattr(e, "strerror", None) or "not UTF-8 text"
                 self.problems.append(f"{where}: cannot read {file_key} {str(path)!r}: {reason}")
                 return None
@@ -296,25 +322,21 @@ class _Loader:
         if kind not in TARGET_TYPES:
             self.problems.append(f"{where}: type must be one of {list(TARGET_TYPES)}, got {kind!r}")
             return None
-        url = raw.get("url", DEFAULT_URLS[kind])
-        if not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url):
-            self.problems.append(f"{where}: url must be an http(s) URL")
-            url = DEFAULT_URLS[kind]
-        elif re.search(rf"[?&]({TOKEN_PARAM[kind]}|sign|timestamp)=", url):
-            # Never print the URL: it may hold the very token we refuse to keep in a plain file.
-            self.problems.append(f"{where}: url must not carry {TOKEN_PARAM[kind]}/sign/timestamp; put the token "
-                                 "in token_env or token_file (the relay adds it, and signs each request)")
-        token = self.secret(where, raw, "token", required=True)
-        secret = self.secret(where, raw, "secret", required=False)
-        if secret is not None and kind == "wecom":
-            self.problems.append(f"{where}: WeCom robots are not signed; remove secret_env/secret_file")
+        if kind == "console":
+            robot, url, token, secret, console = self.console(where, raw)
+        else:
+            robot, console = kind, {}
+            extra = sorted(CONSOLE_ONLY_KEYS & set(raw))
+            if extra:
+                self.problems.append(f"{where}: {extra} are for console targets only")
+            url, token, secret = self.robot_endpoint(where, raw, kind)
         fmt = raw.get("format", "markdown")
         if fmt not in FORMATS:
             self.problems.append(f"{where}: format must be one of {list(FORMATS)}, got {fmt!r}")
             fmt = "markdown"
         mobiles = self.str_list(where, raw, "mention_mobiles", MOBILE_RE)
         userids = self.str_list(where, raw, "mention_userids", USERID_RE)
-        if userids and kind == "dingtalk":
+        if userids and robot == "dingtalk":
             self.problems.append(f"{where}: mention_userids is for WeCom; DingTalk robots mention by mobile")
         mention_sev = self.str_list(where, raw, "mention_severities", allowed=SEVERITIES, default=("critical",))
         all_sev = self.str_list(where, raw, "mention_all_severities", allowed=SEVERITIES)
@@ -328,7 +350,48 @@ class _Loader:
             return None
         return Target(name=name, type=kind, url=url, token=token, secret=secret, mention_mobiles=mobiles,
                       mention_userids=userids, mention_severities=mention_sev, mention_all_severities=all_sev,
-                      format=fmt, rate_per_minute=rate, template=template, text_template=text_template)
+                      format=fmt, rate_per_minute=rate, template=template, text_template=text_template,
+                      **console)
+
+    def robot_endpoint(self, where: str, raw: dict, kind: str) -> tuple[str, Secret | None, Secret | None]:
+        """A robot target's URL, token and (DingTalk) signing secret."""
+        url = raw.get("url", DEFAULT_URLS[kind])
+        if not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url):
+            self.problems.append(f"{where}: url must be an http(s) URL")
+            url = DEFAULT_URLS[kind]
+        elif re.search(rf"[?&]({TOKEN_PARAM[kind]}|sign|timestamp)=", url):
+            # Never print the URL: it may hold the very token we refuse to keep in a plain file.
+            self.problems.append(f"{where}: url must not carry {TOKEN_PARAM[kind]}/sign/timestamp; put the token "
+                                 "in token_env or token_file (the relay adds it, and signs each request)")
+        token = self.secret(where, raw, "token", required=True)
+        secret = self.secret(where, raw, "secret", required=False)
+        if secret is not None and kind == "wecom":
+            self.problems.append(f"{where}: WeCom robots are not signed; remove secret_env/secret_file")
+        return url, token, secret
+
+    def console(self, where: str, raw: dict) -> tuple[str, str, Secret, None, dict]:
+        """A console target: (robot style, url, token, secret, its own settings); it has no endpoint."""
+        extra = sorted(ROBOT_ONLY_KEYS & set(raw))
+        if extra:
+            self.problems.append(f"{where}: a console target sends nothing; remove {extra}")
+        style = raw.get("style", "dingtalk")
+        if style not in ROBOT_TYPES:
+            self.problems.append(f"{where}: style (the robot whose format to show) must be one of "
+                                 f"{list(ROBOT_TYPES)}, got {style!r}")
+            style = "dingtalk"
+        show = raw.get("show", "rendered")
+        if show not in CONSOLE_SHOW:
+            self.problems.append(f"{where}: show must be one of {list(CONSOLE_SHOW)}, got {show!r}")
+            show = "rendered"
+        color = raw.get("color", "auto")
+        if color not in CONSOLE_COLOR:
+            self.problems.append(f"{where}: color must be one of {list(CONSOLE_COLOR)}, got {color!r}")
+            color = "auto"
+        path = self.path(where, "file", raw["file"]) if "file" in raw else None
+        if path is not None and path.is_dir():
+            self.problems.append(f"{where}: file {str(path)!r} is a directory")
+        settings = {"style": style, "file": path, "show": show, "color": color}
+        return style, "", Secret("", "none (console)"), None, settings
 
     def mapping(self, where: str, raw: Any, keys: set[str]) -> bool:
         """A mapping whose keys are all known (unknown ones are a problem, but the rest is still checked)."""
@@ -408,12 +471,13 @@ class _Loader:
 
 
 def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] | None = None,
-                 origin: str = "relay config") -> RelayConfig:
+                 origin: str = "relay config", secrets_needed: bool = True) -> RelayConfig:
     """Validate a parsed YAML document; RelayConfigError listing every problem otherwise.
 
     Relative paths (token files, templates, spool_dir) are taken relative to base_dir (the config's folder).
+    With secrets_needed=False (previews, which send nothing) a secret that is not set is left empty.
     """
-    loader = _Loader(Path(base_dir), dict(os.environ if environ is None else environ))
+    loader = _Loader(Path(base_dir), dict(os.environ if environ is None else environ), secrets_needed)
     problems = loader.problems
     if not isinstance(doc, dict):
         raise RelayConfigError(["the document must be a mapping with 'targets' and 'routes'"], origin)
@@ -459,7 +523,7 @@ def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] |
                        delivery=delivery, actions=actions)
 
 
-def load_config(path: str | Path, environ: dict[str, str] | None = None) -> RelayConfig:
+def load_config(path: str | Path, environ: dict[str, str] | None = None, secrets_needed: bool = True) -> RelayConfig:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -470,4 +534,4 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Rela
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise RelayConfigError([f"not valid YAML: {e}"], str(path)) from None
-    return parse_config(doc, base_dir=path.parent, environ=environ, origin=str(path))
+    return parse_config(doc, base_dir=path.parent, environ=environ, origin=str(path), secrets_needed=secrets_needed)

@@ -29,7 +29,7 @@ from .format import Message, pack
 from .journal import Journal, SpoolError, write_private
 from .metrics import RelayMetrics
 from .payload import Alert, parse_alert
-from .senders import RobotSender, Sender
+from .senders import Sender, make_sender
 
 log = logging.getLogger("verl_exporter.relay")
 
@@ -88,6 +88,7 @@ class RateLimiter:
 class TargetWorker:
     def __init__(self, target: Target, sender: Sender, config: RelayConfig, metrics: RelayMetrics):
         self.target = target
+        self.robot_target = target.as_robot()  # what messages are formatted for (a console target: its style)
         self.sender = sender
         self.metrics = metrics
         self.delivery = config.delivery
@@ -188,13 +189,13 @@ class TargetWorker:
 
     def _pack(self, alerts: list[Alert]):
         try:
-            return pack(alerts, self.target, self.tz)
+            return pack(alerts, self.robot_target, self.tz)
         except Exception as e:  # a user template that fails on this alert: the default one still works
             if self.target.template is None and self.target.text_template is None:
                 raise
             log.error("target %s: the custom template failed (%s: %s); using the default template",
                       self.target.name, type(e).__name__, e)
-            return pack(alerts, replace(self.target, template=None, text_template=None), self.tz)
+            return pack(alerts, replace(self.robot_target, template=None, text_template=None), self.tz)
 
     def _requeue_inflight(self) -> None:
         with self._cond:
@@ -295,7 +296,7 @@ class Dispatcher:
         self.metrics = metrics
         senders = senders or {}
         self.workers = {
-            name: TargetWorker(t, senders.get(name) or RobotSender(t, config.delivery.request_timeout_seconds),
+            name: TargetWorker(t, senders.get(name) or make_sender(t, config.delivery.request_timeout_seconds),
                                config, metrics)
             for name, t in config.targets.items()}
         metrics.queue_state = lambda: {n: w.state() for n, w in self.workers.items()}

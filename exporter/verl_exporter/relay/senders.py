@@ -15,6 +15,9 @@ import hashlib
 import hmac
 import http.client
 import json
+import os
+import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -132,3 +135,55 @@ class RobotSender:
 
     def _scrub(self, text: str) -> str:
         return scrub(text, self._secrets)
+
+
+class ConsoleSender:
+    """A console target: writes each message as its robot would show it (or its exact body), sends nothing.
+
+    ``write`` receives the finished text (one message, framed); by default it goes to the target's file, or
+    to standard output. Formatting happened before, exactly as for the robot, so a preview is the real thing.
+    """
+
+    def __init__(self, target: Target, write: Callable[[str], None] | None = None, width: int | None = None):
+        self.target = target
+        self._write = write
+        self._width = width
+
+    def text(self, body: bytes) -> str:
+        from . import terminal
+
+        if self.target.show == "body":
+            return body.decode("utf-8")
+        return terminal.render(json.loads(body), self.target.robot, color=self._color(), width=self._width_now())
+
+    def send(self, body: bytes) -> SendResult:
+        try:
+            text = self.text(body)
+            if self._write is not None:
+                self._write(text)
+            elif self.target.file is not None:
+                with open(self.target.file, "a", encoding="utf-8") as f:
+                    f.write(text + "\n")
+            else:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+        except (OSError, ValueError) as e:
+            return SendResult(False, False, "console", f"cannot write the message: {type(e).__name__}: {e}")
+        return SendResult(True, False, "0", "ok")
+
+    def _color(self) -> bool:
+        if self.target.color != "auto":
+            return self.target.color == "always"
+        if self._write is not None or self.target.file is not None or os.environ.get("NO_COLOR"):
+            return False
+        return sys.stdout.isatty()
+
+    def _width_now(self) -> int:
+        if self._width is not None:
+            return self._width
+        return min(shutil.get_terminal_size((100, 24)).columns, 120)
+
+
+def make_sender(target: Target, timeout: float = 10.0) -> Sender:
+    """The sender a target needs: HTTP to its robot, or the console."""
+    return ConsoleSender(target) if target.type == "console" else RobotSender(target, timeout)

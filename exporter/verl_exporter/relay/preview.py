@@ -1,0 +1,58 @@
+"""``verl-exporter relay --config FILE --preview ALERT.json``: what each target would post, without sending.
+
+The webhook payload is routed and formatted by the same code as a live relay (routes, templates, mentions,
+size limits and splitting), and each message is shown as its robot's chat would show it (or, with
+``--body``, as the exact JSON body). Actions that the alerts would trigger are listed, not called.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from .config import RelayConfig, zone
+from .format import format_messages
+from .payload import WebhookPayload
+from .terminal import render
+
+
+def preview(config: RelayConfig, payload: WebhookPayload, out: Callable[[str], None] = print,
+            body: bool = False, color: bool = False, width: int = 100) -> int:
+    """Print every message the relay would post for this payload; 1 when no route takes its receiver."""
+    receiver = payload.receiver
+    if not config.knows_receiver(receiver):
+        out(f"no route of the relay config takes receiver {receiver!r}: the relay would answer 404")
+        return 1
+    per_target: dict[str, list] = {}
+    unrouted = []
+    for alert in payload.alerts:
+        targets = config.targets_for(receiver, alert.labels)
+        if not targets:
+            unrouted.append(alert.name)
+        for t in targets:
+            per_target.setdefault(t, []).append(alert)
+    n = len(payload.alerts)
+    out(f"receiver {receiver}: {n} alert(s) ({sum(a.status == 'firing' for a in payload.alerts)} firing); "
+        "nothing is sent")
+    for name, alerts in per_target.items():
+        target = config.targets[name]
+        messages = format_messages(alerts, target.as_robot(), zone(config.timezone))
+        kind = f"console as {target.robot}" if target.type == "console" else target.type
+        out(f"\ntarget {name} ({kind}, {target.format}): {len(alerts)} alert(s) in {len(messages)} message(s)")
+        for msg in messages:
+            out(msg.body.decode("utf-8") if body else render(msg.payload, target.robot, color=color, width=width))
+    if unrouted:
+        out(f"\nnot routed (no target): {', '.join(sorted(set(unrouted)))}")
+    for act in config.actions:
+        hits = sorted({a.name for a in payload.alerts if a.status == "firing" and act.matches(a.labels)})
+        if hits:
+            out(f"\naction: would ask {act.url}/control/{act.action} because of {', '.join(hits)} (not called)")
+    return 0
+
+
+def read_payload(path: str) -> bytes:
+    """The file's bytes ('-': standard input)."""
+    if path == "-":
+        return sys.stdin.buffer.read()
+    with open(path, "rb") as f:
+        return f.read()
