@@ -46,7 +46,8 @@ INSTALL_HINT = "sudo apt-get update && sudo apt-get install -y prometheus promet
 SIDECAR_ONLY_LISTEN = "127.0.0.1:9477"
 # The automated response the demo's relay is configured with (as in the README's example).
 CHECKPOINT_ON = "VerlNonFiniteGradNorm"
-STOP_ON = "VerlNumericalCollapse"
+STOP_ON = "VerlRewardCollapse"  # a collapse confirmed by two signals
+FOR_EXAMPLE = "VerlNumericalCollapse"  # the compression shown on one rule's `for:`
 CONTROL_TOKEN_ENV = "VERL_DEMO_CONTROL_TOKEN"
 SCRAPE_S = 0.25  # Prometheus' scrape and evaluation interval in the demo: 2.5 steps at 10 steps/s
 FLAP_SHOWN = 2  # an alert's starts shown as they happen; later ones are only counted (a flapping alert)
@@ -177,12 +178,14 @@ class Program:
 
 
 def compress_for(rules_yaml: str, factor: float) -> tuple[str, dict[str, tuple[str, str]]]:
-    """The alert rules with every ``for:`` divided by factor (at least 1 ms), and {alert: (for, demo for)}."""
+    """The rules with every ``for:`` divided by factor (at least 1 ms), and {alert: (for, demo for)}. A group's
+    own interval (the once-a-minute window recordings) is dropped: every group runs on the demo's clock."""
     from .spec.rules import duration_seconds
 
     doc = _yaml_load(rules_yaml)
     fors: dict[str, tuple[str, str]] = {}
     for group in doc["groups"]:
+        group.pop("interval", None)
         for rule in group["rules"]:
             if "alert" not in rule:
                 continue
@@ -424,6 +427,8 @@ class FullDemo:
         alerts_yaml, self.fors = compress_for((pack / "rules/verl-alerts.yaml").read_text(), self.factor)
         self.demo_rules = work / "demo-verl-alerts.yaml"
         self.demo_rules.write_text(alerts_yaml)
+        self.demo_recording = work / "demo-verl-recording.yaml"
+        self.demo_recording.write_text(compress_for((pack / "rules/verl-recording.yaml").read_text(), self.factor)[0])
         am_config = _yaml_load((pack / "alertmanager/alertmanager.yml").read_text())
         self.grouping = compress_grouping(am_config, self.factor)
         (work / "alertmanager.yml").write_text(yaml.safe_dump(am_config, sort_keys=False))
@@ -464,7 +469,8 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
         self.say("\n".join(textwrap.wrap(
             f"Timings are compressed {self.factor:.0f}x, as the run's {self.step_s:.0f} s steps replay at "
             f"{self.rate:g} steps/s: each rule's `for:`, Alertmanager's grouping and the robots' "
-            f"20-messages-a-minute window are divided by {self.factor:.0f} ({STOP_ON} {self._for_text(STOP_ON)}; "
+            f"20-messages-a-minute window are divided by {self.factor:.0f} "
+            f"({FOR_EXAMPLE} {self._for_text(FOR_EXAMPLE)}; "
             f"{grouping}), and Prometheus scrapes and evaluates every {SCRAPE_S:g} s. The rules, routes and "
             "messages are the generated ones.", self.width)))
         self.say("Waiting for Prometheus' first scrape of the sidecar (its service discovery starts after about "
@@ -483,7 +489,7 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
         am, sidecar = urllib.parse.urlsplit(self.am_url).netloc, urllib.parse.urlsplit(self.sidecar_url).netloc
         config = {
             "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-            "rule_files": [str(self.pack / "rules/verl-recording.yaml")] + ([str(self.demo_rules)] if alerts else []),
+            "rule_files": [str(self.demo_recording)] + ([str(self.demo_rules)] if alerts else []),
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am]}]}]},
             "scrape_configs": [{"job_name": "verl", "static_configs": [{"targets": [sidecar]}]}],
         }
