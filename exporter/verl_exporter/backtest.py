@@ -120,17 +120,58 @@ def report_html(name: str, lines: list[dict], events: list[dict]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def run_backtest(paths: list[str], step_seconds: float | None = None, html_dir: str | None = ".",
-                 rules_dir: str | None = None, out=print, progress: bool = True) -> int:
-    spec = load_spec()
-    with tempfile.TemporaryDirectory(prefix="verl-exporter-rules-") as tmp:
-        if rules_dir is None:  # the rules generated from the packaged spec
-            from .render.rules import render_rules
+def _render_rules_into(spec, folder: str) -> str:
+    from .render.rules import render_rules
 
-            for rel, text in render_rules(spec).items():
-                target = Path(tmp) / Path(rel).name
-                target.write_text(text, encoding="utf-8")
-            rules_dir = tmp
+    for rel, text in render_rules(spec).items():
+        (Path(folder) / Path(rel).name).write_text(text, encoding="utf-8")
+    return folder
+
+
+def effect(default_events: list[dict], events: list[dict]) -> str:
+    """What the overrides changed on a run: alerts they silence, add, or move (first start of each)."""
+    first = {}
+    for e in events:
+        first.setdefault(e["alert"], e["step"])
+    base = {}
+    for e in default_events:
+        base.setdefault(e["alert"], e["step"])
+    parts = []
+    gone = [f"{a} (step {s})" for a, s in base.items() if a not in first]
+    new = [f"{a} (step {s})" for a, s in first.items() if a not in base]
+    moved = [f"{a} step {base[a]} -> {s}" for a, s in first.items() if a in base and base[a] != s]
+    if gone:
+        parts.append("silenced " + ", ".join(gone))
+    if new:
+        parts.append("added " + ", ".join(new))
+    if moved:
+        parts.append("moved " + ", ".join(moved))
+    return "; ".join(parts) or "no change"
+
+
+def run_backtest(paths: list[str], step_seconds: float | None = None, html_dir: str | None = ".",
+                 rules_dir: str | None = None, out=print, progress: bool = True,
+                 overrides: str | None = None) -> int:
+    """overrides: an overrides file (None: $VERL_EXPORTER_OVERRIDES or ./verl-exporter.yaml if present, '' for
+    none); the runs are judged with it, and each run's line says what it changed against the defaults."""
+    from .spec.overrides import OverridesError, apply_overrides, load_overrides, resolve_path
+
+    default = load_spec()
+    spec = default
+    path_ov = resolve_path(overrides)
+    if path_ov:
+        try:
+            spec = apply_overrides(default, load_overrides(path_ov))
+        except OverridesError as e:
+            out(f"verl-exporter backtest: {e}")
+            return 2
+        out(f"with overrides {path_ov}")
+    same_signals = spec.signals() == default.signals()
+    with tempfile.TemporaryDirectory(prefix="verl-exporter-rules-") as tmp:
+        compare = path_ov is not None and rules_dir is None
+        if rules_dir is None:  # the rules generated from the spec (and overrides)
+            rules_dir = _render_rules_into(spec, tmp)
+        default_rules = _render_rules_into(default, tempfile.mkdtemp(dir=tmp)) if compare else None
         status = 0
         for path in paths:
             try:
@@ -152,6 +193,13 @@ def run_backtest(paths: list[str], step_seconds: float | None = None, html_dir: 
                 sig = f" ({e['signal']})" if e["signal"] else ""
                 out(f"  {e['step'] if e['step'] is not None else '-':>6}  {_fmt_time(e['minute']):>6}  "
                     f"{e['alert'] + sig:<34} {e['severity']:<9} {e['value']:.4g}")
+            if default_rules is not None:
+                base_samples = samples if same_signals else rp.replay(lines, default, run=Path(path).stem,
+                                                                      period_s=step_seconds)
+                base_events = timeline(base_samples, rp.evaluate(base_samples, default_rules))
+                out(f"  overrides vs defaults: {effect(base_events, events)} "
+                    f"(defaults: {len(base_events)} alert starts, "
+                    f"{sum(e['severity'] == 'critical' for e in base_events)} critical)")
             if html_dir:
                 target = Path(html_dir) / f"{Path(path).stem}.backtest.html"
                 try:

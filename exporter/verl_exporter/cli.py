@@ -26,6 +26,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
                    help="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH of the trainer)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="verl's trainer.default_local_dir (checkpoints)")
     p.add_argument("--spec", metavar="FILE", help="use this metric spec instead of the packaged one")
+    _overrides_flag(p)
     p.add_argument("--max-unmapped", type=int, help="cap on verl_unmapped_* series (default 100)")
     p.add_argument("--poll-interval", type=float, help="seconds between file polls (default 0.1)")
     p.add_argument("--recover-bytes", type=int, help="bytes of the log's tail read at start (default 8 MiB)")
@@ -74,6 +75,13 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
                        default=None, help=f"{cls.description} (default {'on' if cls.default_enabled else 'off'})")
 
 
+def _overrides_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overrides", metavar="FILE",
+                   help="an overrides file: thresholds, for, severity, routing, ... (`verl-exporter schema "
+                        "overrides`); default $VERL_EXPORTER_OVERRIDES, else ./verl-exporter.yaml when it exists; "
+                        "'' for none")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="verl-exporter", description="Prometheus metrics, alerts and dashboards for verl training runs.")
@@ -87,11 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     spec = sub.add_parser("spec", help="print the resolved metric spec (validates it)")
     spec.add_argument("--spec", metavar="FILE", help="a spec file to check instead of the packaged one")
     spec.add_argument("--json", action="store_true", help="machine-readable output")
+    _overrides_flag(spec)
+    spec.add_argument("--knobs", action="store_true",
+                      help="list every knob (default, effective value, where it came from) instead of the metrics; "
+                           "implied by --overrides")
+    spec.add_argument("--changed", action="store_true", help="with --knobs: only the knobs the overrides change")
 
     gen = sub.add_parser("generate", help="render rules, tests, dashboards, Alertmanager and Kubernetes files")
     gen.add_argument("--out", default=".", metavar="DIR", help="repository root to write into (default .)")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale file")
     gen.add_argument("--spec", metavar="FILE", help="render from this spec instead of the packaged one")
+    _overrides_flag(gen)
     gen.add_argument("--relay-url", metavar="URL",
                      help="where Alertmanager's receivers post (default the spec's, http://127.0.0.1:9095: the "
                           "relay beside Alertmanager); e.g. http://verl-exporter-relay.monitoring.svc:9095")
@@ -124,6 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--html-dir", default=".", help="where <run>.backtest.html is written ('' for none)")
     bt.add_argument("--rules", metavar="DIR", help="rule files to judge (default: generated from the spec)")
     bt.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _overrides_flag(bt)
+
+    cal = sub.add_parser("calibrate", help="propose an overrides file that keeps your healthy runs silent")
+    cal.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="verl file-logger logs of healthy runs")
+    cal.add_argument("--margin", type=_margin, default=0.2,
+                     help="headroom a moved knob keeps above the runs' highest value (default 0.2 = 20%%)")
+    cal.add_argument("--out", default="verl-exporter.yaml", metavar="FILE",
+                     help="where the proposal is written (default verl-exporter.yaml; '-' for stdout)")
+    cal.add_argument("--force", action="store_true", help="overwrite --out when it exists")
+    cal.add_argument("--step-seconds", type=float, help="step time when the logs have no timing_s/step")
+    cal.add_argument("--no-verify", action="store_true",
+                     help="do not evaluate the proposal's rules over the runs (needs no promtool)")
+    cal.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _overrides_flag(cal)
+
+    sch = sub.add_parser("schema", help="print the JSON Schema of a file verl-exporter reads")
+    sch.add_argument("kind", choices=["overrides"], help="overrides: verl-exporter.yaml")
+    sch.add_argument("--spec", metavar="FILE", help="the spec whose alerts and knobs it names (default packaged)")
     return parser
 
 
@@ -179,6 +211,39 @@ def _positive_rate(text: str) -> float:
     return value
 
 
+def _margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 10] (0.2 = 20%), got {text!r}")
+    return value
+
+
+def _announce(path: str) -> None:
+    print(f"verl-exporter: using overrides {path}", file=sys.stderr)
+
+
+def _load_effective(spec_path, overrides):
+    """(the spec with the overrides applied, the loaded overrides or None), or (None, None) after printing
+    why they cannot be used."""
+    from .spec import SpecError, load_spec
+    from .spec.overrides import OverridesError, apply_overrides, load_overrides, resolve_path
+
+    try:
+        spec = load_spec(spec_path)
+        path = resolve_path(overrides)
+        if path is None:
+            return spec, None
+        _announce(path)
+        loaded = load_overrides(path)
+        return apply_overrides(spec, loaded), loaded
+    except (SpecError, OverridesError) as e:
+        print(f"verl-exporter: {e}", file=sys.stderr)
+        return None, None
+
+
 def _load_spec(path):
     """The spec, or None after printing why it cannot be used."""
     from .spec import SpecError, load_spec
@@ -191,6 +256,8 @@ def _load_spec(path):
 
 
 def cmd_spec(args) -> int:
+    if args.knobs or args.overrides is not None or args.changed:
+        return _cmd_knobs(args)
     spec = _load_spec(args.spec)
     if spec is None:
         return 1
@@ -215,12 +282,37 @@ def cmd_spec(args) -> int:
     return 0
 
 
+def _cmd_knobs(args) -> int:
+    from .spec.overrides import knob_table
+
+    eff, loaded = _load_effective(args.spec, args.overrides)
+    if eff is None:
+        return 1
+    base = _load_spec(args.spec)
+    rows = knob_table(base, loaded)
+    if args.changed:
+        rows = [r for r in rows if r.source != "spec"]
+    if args.json:
+        json.dump([r.__dict__ for r in rows], sys.stdout, indent=2)
+        print()
+        return 0
+    header = ("knob", "effective", "default", "from")
+    cells = [(r.knob, r.value, r.default, r.source + (f"  ({r.note})" if r.note else "")) for r in rows]
+    widths = [min(40, max(len(c[i]) for c in [header, *cells])) for i in range(3)]
+    for c in [header, *cells]:
+        print("  ".join(x.ljust(w) for x, w in zip(c[:3], widths, strict=True)) + "  " + c[3])
+    changed = sum(r.source != "spec" for r in rows)
+    origin = loaded.origin if loaded else "nothing (the spec's defaults)"
+    print(f"\n{changed} knob(s) set by {origin}" + ("" if args.changed else f", of {len(rows)}"))
+    return 0
+
+
 def cmd_generate(args) -> int:
     from pathlib import Path
 
     from .render import generate
 
-    spec = _load_spec(args.spec)
+    spec, _ = _load_effective(args.spec, args.overrides)
     if spec is None:
         return 1
     if args.relay_url:
@@ -279,11 +371,73 @@ def cmd_backtest(args) -> int:
     from .backtest import run_backtest
 
     return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
-                        rules_dir=args.rules, progress=not args.no_progress)
+                        rules_dir=args.rules, progress=not args.no_progress, overrides=args.overrides)
+
+
+def cmd_calibrate(args) -> int:
+    import shutil
+    from pathlib import Path
+
+    from . import calibrate as cb
+    from .backtest import _progress
+    from .replay import NotAVerlLog
+    from .spec import load_spec
+    from .spec.overrides import OverridesError, load_overrides, resolve_path
+
+    out_path = None if args.out == "-" else Path(args.out)
+    base_path = resolve_path(args.overrides)
+    if out_path is not None and out_path.exists() and not args.force:
+        print(f"verl-exporter: {out_path} exists; pass --force to overwrite it, or --out elsewhere"
+              + (" (it is the base the proposal builds on)" if base_path and Path(base_path) == out_path else ""),
+              file=sys.stderr)
+        return 2
+    if not args.no_verify and shutil.which("promtool") is None:
+        print("verl-exporter: checking the proposal needs promtool (Debian: apt-get install prometheus); "
+              "or pass --no-verify", file=sys.stderr)
+        return 2
+    spec = load_spec()
+    try:
+        base = None
+        if base_path:
+            _announce(base_path)
+            base = load_overrides(base_path)
+        progress = None if args.no_progress else (lambda name: _progress(name))
+        result, runs = cb.calibrate(args.runs, spec, base, margin=args.margin, step_seconds=args.step_seconds,
+                                    progress=progress)
+    except OverridesError as e:
+        print(f"verl-exporter: {e}", file=sys.stderr)
+        return 2
+    except (OSError, NotAVerlLog) as e:
+        print(f"verl-exporter calibrate: {_os_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
+        return 2
+    if not args.no_verify:
+        cb.verify(result, spec, runs)
+    cb.report(result)
+    text = cb.render_overrides(result)
+    if out_path is None:
+        sys.stdout.write(text)
+    else:
+        out_path.write_text(text, encoding="utf-8")
+        moved = sum(k.changed for k in result.knobs)
+        print(f"wrote {out_path} ({moved} knob(s) moved); next: verl-exporter backtest --overrides {out_path} "
+              "HEALTHY.jsonl FAULTY.jsonl, then verl-exporter generate --overrides " + str(out_path))
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from .spec.overrides import schema
+
+    spec = _load_spec(args.spec)
+    if spec is None:
+        return 1
+    json.dump(schema(spec), sys.stdout, indent=2)
+    print()
+    return 0
 
 
 COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo,
-            "checkpoint": cmd_checkpoint, "relay": cmd_relay, "node": cmd_node, "backtest": cmd_backtest}
+            "checkpoint": cmd_checkpoint, "relay": cmd_relay, "node": cmd_node, "backtest": cmd_backtest,
+            "calibrate": cmd_calibrate, "schema": cmd_schema}
 
 
 def main(argv: list[str] | None = None) -> int:

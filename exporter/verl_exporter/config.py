@@ -40,6 +40,8 @@ class ServeConfig:
     verl_log: str | None = None
     checkpoint_dir: str | None = None
     spec: str | None = None
+    overrides: str | None = None  # an overrides file (spec/overrides.py); unset: $VERL_EXPORTER_OVERRIDES,
+    # then ./verl-exporter.yaml when it exists; "" for none
     max_unmapped: int = DEFAULT_MAX_UNMAPPED
     poll_interval: float = DEFAULT_POLL_S
     recover_bytes: int = DEFAULT_RECOVER_BYTES
@@ -193,7 +195,7 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
             parse_file_mode(mode)
         except ValueError as e:
             problems.append(f"control_file_mode: {e}")
-    for key in ("run", "verl_log", "checkpoint_dir", "spec", "control_token_env", "control_token_file",
+    for key in ("run", "verl_log", "checkpoint_dir", "spec", "overrides", "control_token_env", "control_token_file",
                 "control_file", "file_sd", "advertise"):
         if merged.get(key) is not None:
             merged[key] = str(merged[key])

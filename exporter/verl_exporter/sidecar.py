@@ -17,7 +17,8 @@ from .file_sd import FileSdRegistration, advertise_host
 from .selfmetrics import SelfMetrics
 from .server import HttpServer, SafeCollector, health_handler, make_app
 from .sources.verl_file import VerlFileFollower
-from .spec import Spec, load_spec
+from .spec import Spec
+from .spec.overrides import load_effective_spec
 from .store import TrainingStore
 
 log = logging.getLogger("verl_exporter")
@@ -27,7 +28,7 @@ class Sidecar:
     def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape=None,
                  control_token: str | None = None, control_file: str | None = None):
         self.config = config
-        self.spec = spec or load_spec(config.spec)
+        self.spec = spec or load_effective_spec(config.spec, config.overrides)
         labels = config.const_labels(self.spec.target_labels)
         self.self_metrics = SelfMetrics(self.spec, labels)
         self.store = TrainingStore(self.spec, self.self_metrics, labels, max_unmapped=config.max_unmapped)

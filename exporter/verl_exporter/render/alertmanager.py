@@ -3,16 +3,17 @@
 Valid for Alertmanager 0.25 (Debian bookworm's): matchers lists, source_matchers/target_matchers, no
 route labels, no inhibit-rule names. Every receiver is a webhook to the relay (verl-exporter relay) at the spec's
 ``rules.relay_url`` (``generate --relay-url`` overrides it), which delivers to DingTalk / WeCom robots; the
-receiver's name is the last part of the URL path.
+receiver's name is the last part of the URL path: ``<team>-<severity>`` unless an overrides file's
+``global.routing`` names another for the team (or for one of its severities).
 """
 
 from __future__ import annotations
 
 from ..spec import Spec
+from ..spec.overrides import DEFAULT_TEAM
 from ..spec.rules import SEVERITIES
 from .templating import render
 
-DEFAULT_TEAM = "verl"
 # Repeat critical pages hourly, warnings every 4 hours, information once a day.
 REPEAT = {"critical": "1h", "warning": "4h", "info": "24h"}
 
@@ -46,21 +47,29 @@ def inhibit_rules(spec: Spec) -> list[dict]:
     return out
 
 
+def receiver(spec: Spec, team: str | None, severity: str) -> str:
+    """The receiver an alert of this team (None: no team label) and severity goes to."""
+    team = team or DEFAULT_TEAM
+    return spec.rules.routing.get(team, {}).get(severity, f"{team}-{severity}")
+
+
 def render_alertmanager(spec: Spec) -> dict[str, str]:
     relay_url = spec.rules.relay_url.rstrip("/")
     team_routes = []
     for t in teams(spec):
         severities = severities_of(spec, t)
+        receivers = {s: receiver(spec, t, s) for s in severities}
         # the parent's receiver only takes an alert of the team that no child matches (none of the pack's)
         fallback = "warning" if "warning" in severities else severities[0]
-        team_routes.append({"team": t, "severities": severities, "receiver": f"{t}-{fallback}",
-                            "receivers": {s: f"{t}-{s}" for s in severities}})
+        team_routes.append({"team": t, "severities": severities, "receiver": receivers[fallback],
+                            "receivers": receivers})
     default_severities = severities_of(spec, None)
-    root = f"{DEFAULT_TEAM}-warning"  # takes alerts from outside the pack that no route matches
-    receivers = [root] + [f"{DEFAULT_TEAM}-{s}" for s in default_severities]
+    default_receivers = {s: receiver(spec, None, s) for s in default_severities}
+    root = receiver(spec, None, "warning")  # takes alerts from outside the pack that no route matches
+    receivers = [root] + list(default_receivers.values())
     receivers += [r for t in team_routes for r in t["receivers"].values()]
     receivers = list(dict.fromkeys(receivers))
     return {"alertmanager/alertmanager.yml": render(
-        "alertmanager.yml.j2", repeat=REPEAT, default_team=DEFAULT_TEAM, root_receiver=root,
-        default_severities=default_severities, team_routes=team_routes, receivers=receivers,
+        "alertmanager.yml.j2", repeat=REPEAT, root_receiver=root, default_severities=default_severities,
+        default_receivers=default_receivers, team_routes=team_routes, receivers=receivers,
         inhibit_rules=inhibit_rules(spec), relay_url=relay_url)}

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ..spec import RECORDINGS, WINDOW_RECORDING, MetricSpec, Spec
-from ..spec.rules import Alert, duration_seconds
+from ..spec.rules import Alert, duration_seconds, fill_params
 
 NONFINITE = "verl_training_nonfinite_values_total"
 NONFINITE_MEMORY = "1d"  # how far back a restarted sidecar's NaN count is compared
@@ -140,7 +140,7 @@ def alert_expr(alert: Alert, sel: str) -> str:
     if alert.kind == "absent":
         return f"absent({vector(alert.metric, sel, m)})"
     if alert.kind == "expr":
-        return fill(alert.expr, alert.metric, sel)
+        return fill(fill_params(alert.expr, alert), alert.metric, sel)
     if alert.kind == "detector":
         main = detector_cond(alert.signal, alert.direction, alert.k, alert.change, sel)
         if not alert.confirm:
@@ -154,6 +154,49 @@ def alert_expr(alert: Alert, sel: str) -> str:
 def equality_matchers(text: str) -> dict[str, str]:
     """The name="value" matchers of a selector: the labels absent() and aggregations keep."""
     return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"', text))
+
+
+MATCHER_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def selector_labels(selector: str) -> dict[str, str]:
+    """Labels a test series needs for the selector to select it (job="verl" when it says nothing of job):
+    an equality's value, the first alternative of a regex that matches it, "verl" where a negation allows.
+    Raises ValueError for a selector no label value can be chosen for."""
+    out: dict[str, str] = {"job": "verl"}
+    for name, op, raw in MATCHER_RE.findall(selector):
+        value = raw.encode().decode("unicode_escape")
+        if op == "=":
+            out[name] = value
+        elif op == "=~":
+            choices = ["verl", *value.split("|")]
+            found = next((c for c in choices if _full(value, c)), None)
+            if found is None:
+                raise ValueError(f"no value of {name} could be chosen to match {name}=~{raw!r} in the generated "
+                                 "tests; start the regex with a literal alternative")
+            out[name] = found
+        else:
+            candidates = ["verl", "verl-exporter", "x"]
+            ok = [c for c in candidates if (c != value if op == "!=" else not _full(value, c))]
+            if not ok:
+                raise ValueError(f"no value of {name} could be chosen for {name}{op}{raw!r}")
+            out[name] = out[name] if name in out and out[name] in ok and name != "job" else ok[0]
+    return out
+
+
+def _full(pattern: str, text: str) -> bool:
+    try:
+        return re.fullmatch(pattern, text) is not None
+    except re.error:
+        return False
+
+
+def keeps_label(expr: str, label: str) -> bool:
+    """Whether an expression's result keeps a label of its input series: not when it is an aggregation
+    `op by (...)` that does not list it (a heuristic enough for the spec's expr alerts)."""
+    m = re.match(r"^\s*(?:sum|min|max|avg|count|quantile|stddev|stdvar|topk|bottomk|group)\s+by\s*\(([^)]*)\)",
+                 expr)
+    return m is None or label in [x.strip() for x in m.group(1).split(",")]
 
 
 def output_labels(alert: Alert, series_labels: dict[str, str], sel: str) -> dict[str, str]:

@@ -9,16 +9,18 @@ shift plus the alert's ``for`` plus two evaluation intervals (plus the 5m lookba
 from __future__ import annotations
 
 import math
+import operator
 import re
 
 from ..spec import Spec
-from ..spec.rules import TEMPLATE_RE, Alert, duration_seconds
-from .promql import equality_matchers, output_labels
+from ..spec.rules import TEMPLATE_RE, Alert, duration_seconds, fill_test_text
+from .promql import alert_expr, equality_matchers, keeps_label, output_labels, selector_labels
 
 INTERVAL_M = 1  # minutes between input samples, and between rule evaluations in the tests
 SHIFT = 60  # minute at which the fault starts (after every window of the pack has filled)
 TAIL = 10  # samples after the firing evaluation
 BASE_LABELS = {"instance": "node0:9477", "run": "r1", "rank": "0"}
+OPS = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
 
 
 def go_printf(fmt: str, value: float) -> str:
@@ -65,7 +67,10 @@ def _bad_and_ok(alert: Alert) -> tuple[float, float]:
     t = float(alert.threshold)
     explicit = alert.test
     if "ok" in explicit and "bad" in explicit:
-        return float(explicit["ok"]), float(explicit["bad"])
+        ok, bad = float(explicit["ok"]), float(explicit["bad"])
+        fires = OPS[alert.op]
+        if fires(bad, t) and not fires(ok, t):  # still right for an overridden threshold
+            return ok, bad
     above = alert.op in (">", ">=")
     step = abs(t) if t else 1.0
     return (t - step / 2, t + step) if above else (t + step, t - step / 2)
@@ -98,7 +103,7 @@ def case_for(spec: Spec, alert: Alert) -> dict:
         return expr_case(spec, alert)
     if alert.kind == "detector":
         return detector_case(spec, alert)
-    sel_labels = equality_matchers(spec.rules.selector) or {"job": "verl"}
+    sel_labels = selector_labels(spec.rules.selector)
     series_labels = {**sel_labels, **BASE_LABELS, **_metric_labels(spec, alert)}
     fire_at = _fire_minute(alert)
     silent_at = SHIFT - 5
@@ -116,7 +121,9 @@ def case_for(spec: Spec, alert: Alert) -> dict:
     elif alert.kind == "nonfinite":
         name = "verl_training_nonfinite_values_total"
         series_labels = {**sel_labels, **BASE_LABELS, "metric": alert.metric}
-        values = [0.0] * SHIFT + [1.0] * (total - SHIFT)
+        # one NaN fires an alert without `for`; with one (an override), NaNs must keep coming
+        keep = duration_seconds(alert.for_) > 0
+        values = [0.0] * SHIFT + [float(i + 1) if keep else 1.0 for i in range(total - SHIFT)]
     elif alert.kind == "adaptive":
         values, _ = _adaptive_values(alert, total)
     elif alert.kind == "trend":
@@ -140,7 +147,7 @@ def case_for(spec: Spec, alert: Alert) -> dict:
 def detector_case(spec: Spec, alert: Alert) -> dict:
     """The detector's gauges of the signal (and of the first confirming signal) move from normal to a
     sustained deviation of twice the alert's k at the shift."""
-    base = {**(equality_matchers(spec.rules.selector) or {"job": "verl"}), **BASE_LABELS}
+    base = {**selector_labels(spec.rules.selector), **BASE_LABELS}
     total = _fire_minute(alert) + TAIL
     series = []
     for signal, direction, k, change in [(alert.signal, alert.direction, alert.k, alert.change)] + \
@@ -158,18 +165,103 @@ def detector_case(spec: Spec, alert: Alert) -> dict:
 
 
 def expr_case(spec: Spec, alert: Alert) -> dict:
-    """An expr alert brings its own test: input series, silent_at, fire_at, the labels and $value expected."""
+    """An expr alert brings its own test: input series, silent_at, fire_at, the labels and $value expected.
+
+    Input values and the expected value may be computed from the alert's knobs (<expression>), so the test
+    follows an overridden threshold. An overridden `for` moves the test: a shorter one checks silence as
+    much earlier (dropped if that is before the start) and firing at the same time; a longer one fires that
+    much later, the input's state at fire_at held for the extra minutes (a ramp keeps its step, a counter
+    keeps counting) and $value moved by the test's value_slope (per minute, default 0). A `for` longer than
+    the baseline an expression compares with makes the alert unable to fire; its test then fails, saying so.
+    """
     t = alert.test
-    input_series = [{"series": s["series"], "values": s["values"]} for s in t["input"]]
-    return _group(spec, alert, input_series, _minutes(t["silent_at"]), _minutes(t["fire_at"]),
-                  {str(k): str(v) for k, v in t.get("labels", {}).items()}, float(t.get("value", 0.0)))
+    silent_at, fire_at = _minutes(t["silent_at"]), _minutes(t["fire_at"])
+    delta = (duration_seconds(alert.for_) - duration_seconds(alert.base_for or alert.for_)) // 60
+    # The spec's tests are written for job="verl"; a series of a target gets the selector's labels instead.
+    sel = selector_labels(spec.rules.selector)
+    input_series = []
+    for s in t["input"]:
+        values = fill_test_text(str(s["values"]), alert)
+        if delta > 0:
+            counter = _SERIES_RE.match(str(s["series"]).strip())
+            counter = bool(counter) and counter.group(1).endswith("_total")
+            values = _series_text(hold_at(expand_series(values), fire_at, delta, counter))
+        input_series.append({"series": _retarget(str(s["series"]), sel), "values": values})
+    value = float(fill_test_text(str(t.get("value", 0.0)), alert))
+    silent: int | None = silent_at
+    if delta < 0:
+        silent = silent_at + delta if silent_at + delta >= 0 else None
+    else:
+        value += delta * float(fill_test_text(str(t.get("value_slope", 0.0)), alert))
+        fire_at += delta
+    labels = {str(k): str(v) for k, v in t.get("labels", {}).items()}
+    expr = alert_expr(alert, spec.rules.selector)
+    if expr.startswith("absent("):  # absent() keeps the equality matchers of its selector, nothing else
+        labels = {k: v for k, v in labels.items() if k not in ("job", *sel)}
+        labels.update(equality_matchers(spec.rules.selector))
+    elif "job" in labels:  # the output keeps job; other selector labels unless the test says it drops them
+        keeps = t.get("target_labels", True) is not False
+        labels.update({k: v for k, v in sel.items() if k == "job" or (keeps and keeps_label(expr, k))})
+    return _group(spec, alert, input_series, silent, fire_at, labels, value)
+
+
+_SERIES_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$')
+
+
+def _retarget(series: str, sel: dict[str, str]) -> str:
+    """A test series of a scraped target (it has a job label) with the selector's labels."""
+    m = _SERIES_RE.match(series.strip())
+    if not m:
+        return series
+    labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"', m.group(2)))
+    if "job" not in labels:
+        return series
+    labels.update({k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in sel.items()})
+    return m.group(1) + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+_TOKEN_RE = re.compile(r"^(_|stale|[-+]?[0-9.]+(?:[eE][-+]?\d+)?|[-+]?Inf|NaN)(?:([+-])([0-9.]+(?:[eE][-+]?\d+)?))?"
+                       r"(?:x(\d+))?$")
+
+
+def expand_series(text: str) -> list[tuple[float | None, float]]:
+    """promtool's series notation as (value or None, the step of the ramp it belongs to) per sample."""
+    out: list[tuple[float | None, float]] = []
+    for token in text.split():
+        m = _TOKEN_RE.match(token)
+        if not m:
+            raise ValueError(f"cannot read series token {token!r}")
+        first, sign, step, times = m.groups()
+        if first in ("_", "stale"):
+            out.extend([(None, 0.0)] * (int(times) if times else 1))
+            continue
+        a = float(first)
+        b = float(step) * (-1 if sign == "-" else 1) if step else 0.0
+        n = int(times) + 1 if times else 1
+        out.extend((a + b * i, b) for i in range(n))
+    return out
+
+
+def hold_at(samples: list[tuple[float | None, float]], at: int, extra: int,
+            counter: bool = False) -> list[float | None]:
+    """The samples with the one at index ``at`` held ``extra`` more samples: a ramp keeps its step (a counter
+    its step, or one a sample), and the samples after it are moved by as much, so a counter stays monotonic."""
+    if at >= len(samples):
+        at = len(samples) - 1
+    value, step = samples[at]
+    if counter and not step:
+        step = 1.0
+    before = [v for v, _ in samples[: at + 1]]
+    held = [None if value is None else value + step * (i + 1) for i in range(extra)]
+    after = [None if v is None else v + step * extra for v, _ in samples[at + 1:]]
+    return before + held + after
 
 
 def _minutes(text) -> int:
     return duration_seconds(str(text)) // 60
 
 
-def _group(spec: Spec, alert: Alert, input_series: list[dict], silent_at: int, fire_at: int,
+def _group(spec: Spec, alert: Alert, input_series: list[dict], silent_at: int | None, fire_at: int,
            out_labels: dict[str, str], value: float) -> dict:
     labels = {**out_labels, **alert.labels, "severity": alert.severity}
     annotations = {
@@ -177,12 +269,13 @@ def _group(spec: Spec, alert: Alert, input_series: list[dict], silent_at: int, f
         "description": expand(alert.description, value, out_labels),
         "runbook_url": f"{spec.rules.runbook_url}#{alert.alert.lower()}",
     }
+    silent = [] if silent_at is None else [{"eval_time": f"{silent_at}m", "alertname": alert.alert, "exp_alerts": []}]
+    when = ("" if silent_at is None else f"silent at {silent_at}m, ") + f"firing at {fire_at}m"
     return {
-        "name": f"{alert.alert}: silent at {silent_at}m, firing at {fire_at}m",
+        "name": f"{alert.alert}: {when}",
         "interval": f"{INTERVAL_M}m",
         "input_series": input_series,
-        "alert_rule_test": [
-            {"eval_time": f"{silent_at}m", "alertname": alert.alert, "exp_alerts": []},
+        "alert_rule_test": silent + [
             {"eval_time": f"{fire_at}m", "alertname": alert.alert,
              "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}]},
         ],

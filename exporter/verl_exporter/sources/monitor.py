@@ -57,12 +57,14 @@ class Monitor:
     def __init__(self, *, listen: str | None = None, sidecar_file: str | None = None, run: str | None = None,
                  rank: int | None = None, queue_size: int = 4096, torch_memory: bool = False, spec=None,
                  control_file: str | None = None, control_token: str | None = None, breaker=None,
-                 on_control=None):
+                 on_control=None, overrides: str | None = None):
         """
         control_file: where checkpoint/stop requests arrive (written by a sidecar's or this Monitor's
             /control endpoint); should_checkpoint() / should_stop() report them.
         control_token: enables POST /control/{checkpoint,stop} on this Monitor's own endpoint (listen mode).
         breaker: a CircuitBreaker, or True for one built from the spec's critical alerts.
+        overrides: an overrides file (verl-exporter.yaml) applied to the spec of the endpoint and the breaker;
+            unset: $VERL_EXPORTER_OVERRIDES, then ./verl-exporter.yaml when it exists ("" for none).
         on_control: called as on_control(action, reason) from the worker thread when a request arrives.
         """
         if (listen is None) == (sidecar_file is None):
@@ -89,6 +91,10 @@ class Monitor:
 
             control_file = os.path.join(tempfile.mkdtemp(prefix="verl-exporter-control-"), "control.json")
         self._control = ControlReader(control_file, on_error=self._control_unreadable) if control_file else None
+        if spec is None and (listen is not None or breaker is True):
+            from ..spec.overrides import load_effective_spec
+
+            spec = load_effective_spec(None, overrides)  # one spec for the endpoint and the breaker
         if listen is not None:
             from ..collectors import load_all
             from ..sidecar import Sidecar
@@ -106,9 +112,8 @@ class Monitor:
             self._sidecar.start()
         if breaker is True:
             from ..breaker import CircuitBreaker
-            from ..spec import load_spec
 
-            breaker = CircuitBreaker.from_spec(spec or load_spec())
+            breaker = CircuitBreaker.from_spec(spec)
         self.breaker = breaker or None
         self._worker = threading.Thread(target=self._run, name="verl-exporter-monitor", daemon=True)
         self._worker.start()

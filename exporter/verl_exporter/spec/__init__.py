@@ -128,6 +128,8 @@ class RulesConfig:
     runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
     evaluation_interval: str = "30s"
     relay_url: str = "http://127.0.0.1:9095"  # where Alertmanager's receivers post (verl-exporter relay)
+    # team -> severity -> receiver name (an overrides file's global.routing); unset: <team>-<severity>
+    routing: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class Spec:
     by_name: dict[str, MetricSpec] = field(repr=False, compare=False, default_factory=dict)
     rules: RulesConfig = field(default_factory=RulesConfig)
     global_alerts: tuple[Alert, ...] = ()  # alerts on several metrics (cross-layer), declared at the top
+    overrides: str = ""  # the overrides file applied (spec.overrides.apply_overrides), if any
 
     def alerts(self) -> list[Alert]:
         """Every alert, in spec order: those on metric entries, then the cross-metric ones."""

@@ -1,0 +1,501 @@
+"""The overrides file (``verl-exporter.yaml`` or ``--overrides FILE``): a few named knobs over the packaged spec.
+
+The monitoring-mixin way (kubernetes-mixin's ``_config``): instead of forking the 3,000-line spec to change one
+threshold, a team writes only what differs and keeps upgrading the pack::
+
+    version: 1
+    global:
+      selector: 'job="verl-agent"'            # the job selector every rule uses
+      routing: {training: agent-oncall}       # team -> relay receiver (or {critical: NAME, warning: NAME})
+    alerts:
+      VerlResponseClipRatioHigh: {thresholds: {clip_ratio: 0.3}, for: 15m}
+      VerlRewardDrop: {thresholds: {k: 6}, min_steps: 20}
+      VerlGPUPowerCapped: {enabled: false}
+
+Per alert: ``thresholds`` (its knobs, ``knobs()`` in spec/rules.py: the threshold, a detector's k and change,
+an expr alert's named params), ``for``, ``severity``, ``enabled``, extra ``labels`` (``team`` reroutes it),
+``min_steps`` (the step-domain signals it reads wait for that many steps). Global: the job ``selector``,
+``runbook_url``, ``relay_url``, ``evaluation_interval`` and ``routing``.
+
+``apply_overrides(spec, overrides)`` returns the effective Spec; everything downstream (the rules, their
+promtool tests, the dashboards, Alertmanager, the PrometheusRule, the sidecar's detectors, the in-process
+breaker, the replay) reads that Spec, so one knob changes every place it applies. Unknown keys, alert names
+and knob names are errors, each with the file's line.
+
+The model is pydantic v2 (strict mode, extra keys forbidden), not msgspec, although verl brings both: pydantic
+reports every problem of a document at once, each with its full location, where msgspec stops at the first;
+and it writes the JSON Schema (``verl-exporter schema overrides``) from the same model, descriptions included.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from ..detect import MIN_STEPS_FLOOR
+from . import LABEL_NAME_RE, Spec, load_spec
+from .rules import ALERT_NAME_RE, DURATION_RE, SEVERITIES, Alert, alert_signals, in_range, knobs, with_knobs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FILE = "verl-exporter.yaml"
+ENV = "VERL_EXPORTER_OVERRIDES"
+DEFAULT_TEAM = "verl"  # the receivers of alerts without a team label: verl-<severity>
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
+SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
+RECEIVER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # the last part of the relay's URL path
+
+Duration = Annotated[str, StringConstraints(pattern=DURATION_RE.pattern)]
+Severity = Literal["critical", "warning", "info"]
+LabelName = Annotated[str, StringConstraints(pattern=LABEL_NAME_RE.pattern)]
+Receiver = Annotated[str, StringConstraints(pattern=RECEIVER_RE.pattern)]
+AlertName = Annotated[str, StringConstraints(pattern=ALERT_NAME_RE.pattern)]
+Url = Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True,
+                              frozen=True)
+
+
+class AlertOverride(_Strict):
+    """What an overrides file may change on one alert of the pack."""
+
+    enabled: bool | None = Field(None, description="false removes the alert (and the inhibit rules naming it)")
+    severity: Severity | None = Field(None, description="critical, warning or info")
+    for_: Duration | None = Field(None, alias="for", description="how long the condition must hold, e.g. 10m")
+    thresholds: dict[str, float] = Field(
+        default_factory=dict, description="the alert's knobs by name (`verl-exporter spec --knobs` lists them)")
+    labels: dict[LabelName, str] = Field(
+        default_factory=dict, description="extra labels on the alert; team decides its route")
+    min_steps: int | None = Field(
+        None, ge=MIN_STEPS_FLOOR, description="steps the step-domain signals it reads wait for before judging "
+                                              "(applies to every alert reading those signals)")
+
+    @field_validator("labels")
+    @classmethod
+    def _own_keys(cls, labels: dict[str, str]) -> dict[str, str]:
+        for reserved in ("severity", "alertname"):
+            if reserved in labels:
+                raise ValueError(f"{reserved} is not a label to set here" +
+                                 (" (use severity:)" if reserved == "severity" else ""))
+        return labels
+
+
+class GlobalOverrides(_Strict):
+    """Where the rules point and where the alerts go."""
+
+    selector: str | None = Field(None, description='label matchers every rule selects with, e.g. job="verl"')
+    runbook_url: Url | None = Field(None, description="base URL of the runbook; #<alertname> is appended")
+    relay_url: Url | None = Field(None, description="where Alertmanager's receivers post (verl-exporter relay)")
+    evaluation_interval: Duration | None = Field(None, description="how often Prometheus evaluates the rules")
+    routing: dict[LabelName, Receiver | dict[Severity, Receiver]] = Field(
+        default_factory=dict, description="team -> relay receiver, or team -> {severity: receiver}; "
+                                          f"alerts without a team are team {DEFAULT_TEAM!r}")
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: str | None) -> str | None:
+        if value is not None and not SELECTOR_RE.match(value):
+            raise ValueError('must be comma-separated label matchers, e.g. job="verl-agent", cluster=~"a|b"')
+        return value
+
+
+class Overrides(_Strict):
+    """verl-exporter.yaml: knobs over the packaged alert pack."""
+
+    version: Literal[1] = 1
+    global_: GlobalOverrides = Field(default_factory=GlobalOverrides, alias="global")
+    alerts: dict[AlertName, AlertOverride] = Field(default_factory=dict)
+
+
+class OverridesError(ValueError):
+    """An overrides file that cannot be used; ``problems`` lists every problem, each with its place."""
+
+    def __init__(self, problems: list[str], origin: str = "overrides"):
+        self.problems = problems
+        self.origin = origin
+        super().__init__(f"{origin}: {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class LoadedOverrides:
+    """A validated overrides file, and the line of each key (for messages and `spec --overrides`)."""
+
+    model: Overrides
+    origin: str = "overrides"
+    lines: dict[tuple, int] = field(default_factory=dict)
+
+    def where(self, *path) -> str:
+        """'FILE:LINE' of the deepest key of path the file has."""
+        for n in range(len(path), 0, -1):
+            line = self.lines.get(tuple(path[:n]))
+            if line is not None:
+                return f"{self.origin}:{line}"
+        return self.origin
+
+
+def _key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """{key path: 1-based line} of every mapping key in a composed YAML node tree."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            out[(*path, key)] = k.start_mark.line + 1
+            _key_lines(v, (*path, key), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out[(*path, i)] = v.start_mark.line + 1
+            _key_lines(v, (*path, i), out)
+    return out
+
+
+def _loc(loc: tuple) -> tuple:
+    """A pydantic error location as the file's key path (aliases as written; no union branch names)."""
+    out = []
+    for part in loc:
+        if part == "global_":
+            part = "global"
+        elif part == "for_":
+            part = "for"
+        if isinstance(part, str) and (part.startswith(("function-", "constrained-str")) or part in (
+                "str", "dict[str,constrained-str]", "dict[literal['critical','warning','info'],constrained-str]")):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _message(err: dict, path: tuple) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if path and path[-1] in ("for", "evaluation_interval") and err["type"] in ("string_type",
+                                                                               "string_pattern_mismatch"):
+        return f"must be a Prometheus duration like 10m, got {err['input']!r}"
+    msg = err["msg"]
+    return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+
+
+def _problems(errors: list[dict], loaded: LoadedOverrides) -> list[str]:
+    """One line per problem, with FILE:LINE, in file order. A value that fits no branch of a union (a receiver
+    name or a per-severity mapping) is reported by the branch of its own type only."""
+    paths = [_loc(e["loc"]) for e in errors]
+    out: dict[str, int] = {}
+    for err, path in zip(errors, paths, strict=True):
+        wrong_branch = (err["type"] == "string_type" and isinstance(err["input"], dict)) or \
+                       (err["type"] == "dict_type" and isinstance(err["input"], str))
+        if wrong_branch and any(p != path and p[:len(path)] == path or (p == path and q is not err)
+                                for p, q in zip(paths, errors, strict=True)):
+            continue
+        message = _message(err, path)
+        if path and path[-1] == "[key]":
+            path = path[:-1]
+            message = f"the name {err['input']!r}: {message}"
+        where = loaded.where(*path)
+        text = f"{where}: {'.'.join(map(str, path)) or '(top)'}: {message}"
+        out.setdefault(text, int(where.rsplit(":", 1)[1]) if where.rsplit(":", 1)[-1].isdigit() else 0)
+    return sorted(out, key=lambda t: out[t])
+
+
+def parse_overrides(doc: Any, origin: str = "overrides", lines: dict[tuple, int] | None = None) -> LoadedOverrides:
+    """Validate a parsed YAML document (structure only; apply_overrides checks it against a spec)."""
+    lines = lines or {}
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise OverridesError(["the document must be a mapping (version, global, alerts)"], origin)
+    try:
+        model = Overrides.model_validate(doc)
+    except ValidationError as e:
+        raise OverridesError(_problems(e.errors(), LoadedOverrides(Overrides(), origin, lines)), origin) from None
+    return LoadedOverrides(model, origin, lines)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: 3e9 and 1E-3 are numbers (PyYAML's YAML 1.1 reads them as strings)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def load_overrides(path: str | Path) -> LoadedOverrides:
+    origin = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise OverridesError([f"cannot read it: {e.strerror}"], origin) from None
+    except UnicodeDecodeError as e:
+        raise OverridesError([f"not UTF-8 text (byte {e.start})"], origin) from None
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as e:
+        raise OverridesError([f"not valid YAML: {e}"], origin) from None
+    return parse_overrides(doc, origin, _key_lines(node) if node is not None else {})
+
+
+def resolve_path(explicit: str | None) -> str | None:
+    """The overrides file to use: the one given ('' for none), else $VERL_EXPORTER_OVERRIDES, else
+    ./verl-exporter.yaml when it exists."""
+    if explicit is not None:
+        return explicit or None
+    env = os.environ.get(ENV)
+    if env is not None:
+        return env or None
+    return DEFAULT_FILE if Path(DEFAULT_FILE).is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------- applying
+def is_hard_safety(spec: Spec, alert: Alert) -> bool:
+    """NaN/Inf, hangs and hardware faults: alerts calibrate never loosens. NaN/Inf alerts (kind nonfinite),
+    every alert on a fault-layer metric (GPU lost, ECC, row remapping, NVLink, XID, broken checkpoints) and
+    those the spec marks `safety: hard` (the hang alerts)."""
+    if alert.kind == "nonfinite" or alert.safety == "hard":
+        return True
+    return alert.metric in spec and spec[alert.metric].layer == "fault"
+
+
+def teams_of(alerts: list[Alert]) -> set[str]:
+    return {a.labels.get("team", DEFAULT_TEAM) for a in alerts}
+
+
+def signal_min_steps(spec: Spec, loaded: LoadedOverrides, problems: list[str]) -> dict[str, tuple[int, str]]:
+    """{signal: (min_steps, the alert that set it)} from the alerts' min_steps."""
+    by_alert = {a.alert: a for a in spec.alerts()}
+    windows = {s.name: s.window for s in spec.signals()}
+    out: dict[str, tuple[int, str]] = {}
+    for name, ov in loaded.model.alerts.items():
+        if ov.min_steps is None or name not in by_alert:
+            continue
+        where = f"{loaded.where('alerts', name, 'min_steps')}: alerts.{name}.min_steps"
+        signals = [s for s in alert_signals(by_alert[name]) if s in windows]
+        if not signals:
+            problems.append(f"{where}: {name} reads no step-domain signal; min_steps applies to adaptive alerts")
+            continue
+        for sig in signals:
+            if ov.min_steps > windows[sig]:
+                problems.append(f"{where}: {ov.min_steps} exceeds the {windows[sig]}-step window of signal {sig!r}")
+            elif sig in out and out[sig][0] != ov.min_steps:
+                problems.append(f"{where}: signal {sig!r} is also read by {out[sig][1]}, which sets min_steps "
+                                f"{out[sig][0]}; alerts on one signal share its min_steps")
+            else:
+                out[sig] = (ov.min_steps, name)
+    return out
+
+
+def _routing(model: GlobalOverrides) -> dict[str, dict[str, str]]:
+    out = {}
+    for team, target in model.routing.items():
+        out[team] = {s: target for s in SEVERITIES} if isinstance(target, str) else dict(target)
+    return out
+
+
+def _line_of(problem: str) -> int:
+    m = re.match(r"^.*?:(\d+): ", problem)
+    return int(m.group(1)) if m else 0
+
+
+def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | None) -> Spec:
+    """The effective spec: the spec with the overrides applied. Raises OverridesError naming every problem."""
+    if overrides is None:
+        return spec
+    if isinstance(overrides, dict):
+        overrides = parse_overrides(overrides)
+    loaded = overrides if isinstance(overrides, LoadedOverrides) else LoadedOverrides(overrides)
+    model = loaded.model
+    problems: list[str] = []
+    by_name = {a.alert: a for a in spec.alerts()}
+    changed: dict[str, Alert | None] = {}  # None: disabled
+    for name, ov in model.alerts.items():
+        at = loaded.where("alerts", name)
+        alert = by_name.get(name)
+        if alert is None:
+            near = difflib.get_close_matches(name, list(by_name), n=1)
+            problems.append(f"{at}: alerts.{name}: no such alert in the spec"
+                            + (f" (did you mean {near[0]}?)" if near else ""))
+            continue
+        own = knobs(alert)
+        values = {}
+        for knob, value in ov.thresholds.items():
+            where = f"{loaded.where('alerts', name, 'thresholds', knob)}: alerts.{name}.thresholds.{knob}"
+            if knob not in own:
+                has = f"its knobs: {', '.join(own)}" if own else \
+                    "it has none; for, severity, enabled and labels still apply"
+                problems.append(f"{where}: {name} has no knob {knob!r} ({has})")
+            elif not math.isfinite(value) or not in_range(own[knob], value):
+                p = own[knob]
+                problems.append(f"{where}: {value:g} is outside the knob's range [{p.min}, {p.max}]")
+            else:
+                values[knob] = value
+        if ov.enabled is False:
+            changed[name] = None
+            continue
+        alert = with_knobs(alert, values)
+        if ov.for_ is not None:
+            alert = replace(alert, for_=ov.for_)
+        if ov.severity is not None:
+            alert = replace(alert, severity=ov.severity)
+        if ov.labels:
+            alert = replace(alert, labels={**alert.labels, **ov.labels})
+        changed[name] = alert
+    min_steps = signal_min_steps(spec, loaded, problems)
+    enabled = [changed.get(a.alert, a) for a in spec.alerts() if changed.get(a.alert, a) is not None]
+    teams = teams_of(enabled)
+    for team in model.global_.routing:
+        if team not in teams:
+            near = difflib.get_close_matches(team, sorted(teams), n=1)
+            problems.append(f"{loaded.where('global', 'routing', team)}: global.routing.{team}: no alert has team "
+                            f"{team!r} (teams: {', '.join(sorted(teams))})" + (f"; did you mean {near[0]}?" if near
+                                                                               else ""))
+    if problems:
+        raise OverridesError(sorted(problems, key=_line_of), loaded.origin)
+    off = {name for name, a in changed.items() if a is None}
+
+    def effective(alerts: tuple[Alert, ...]) -> tuple[Alert, ...]:
+        out = []
+        for a in alerts:
+            a = changed.get(a.alert, a)
+            if a is None:
+                continue
+            if set(a.inhibits) & off:
+                a = replace(a, inhibits=tuple(t for t in a.inhibits if t not in off))
+            out.append(a)
+        return tuple(out)
+
+    metrics = []
+    for m in spec.metrics:
+        detect = tuple(replace(s, min_steps=min_steps[s.name][0]) if s.name in min_steps else s for s in m.detect)
+        metrics.append(replace(m, alerts=effective(m.alerts), detect=detect))
+    g = model.global_
+    rules = replace(spec.rules, **{k: v for k, v in (("selector", g.selector), ("runbook_url", g.runbook_url),
+                                                     ("relay_url", g.relay_url),
+                                                     ("evaluation_interval", g.evaluation_interval)) if v is not None},
+                    routing={**spec.rules.routing, **_routing(g)})
+    return replace(spec, metrics=tuple(metrics), by_name={m.name: m for m in metrics}, rules=rules,
+                   global_alerts=effective(spec.global_alerts), overrides=loaded.origin)
+
+
+def load_effective_spec(spec_path: str | None = None, overrides: str | None = None,
+                        announce=None) -> Spec:
+    """The spec (packaged, or spec_path) with the overrides file resolved by resolve_path() applied.
+    announce(path) is called with the file used. Raises SpecError or OverridesError."""
+    spec = load_spec(spec_path)
+    path = resolve_path(overrides)
+    if path is None:
+        return spec
+    if announce is not None:
+        announce(path)
+    else:
+        log.info("using overrides %s", path)
+    return apply_overrides(spec, load_overrides(path))
+
+
+# ---------------------------------------------------------------------------------------------- reading back
+@dataclass(frozen=True)
+class KnobRow:
+    knob: str  # e.g. VerlRewardDrop.k, VerlRewardDrop.for, global.selector
+    default: str
+    value: str
+    source: str  # "spec", or FILE:LINE
+    note: str = ""
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.12g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRow]:
+    """Every knob: its default (the spec's), its effective value and where that came from."""
+    loaded = loaded or LoadedOverrides(Overrides(), "")
+    eff = apply_overrides(spec, loaded)
+    eff_alerts = {a.alert: a for a in eff.alerts()}
+    model = loaded.model
+    rows: list[KnobRow] = []
+
+    def src(*path) -> str:
+        return loaded.where(*path) if loaded.origin else "spec"
+
+    g = model.global_
+    for key in ("selector", "runbook_url", "relay_url", "evaluation_interval"):
+        given = getattr(g, key)
+        rows.append(KnobRow(f"global.{key}", getattr(spec.rules, key), getattr(eff.rules, key),
+                            src("global", key) if given is not None else "spec"))
+    for team in sorted(teams_of(list(eff_alerts.values())) | set(g.routing)):
+        default = f"{team}-<severity>"
+        routed = eff.rules.routing.get(team)
+        value = default if routed is None else (next(iter(set(routed.values()))) if len(set(routed.values())) == 1
+                                                else _fmt(routed))
+        rows.append(KnobRow(f"global.routing.{team}", default, value,
+                            src("global", "routing", team) if team in g.routing else "spec"))
+    signals = {s.name: s for s in eff.signals()}
+    base_signals = {s.name: s for s in spec.signals()}
+    for a in spec.alerts():
+        ov = model.alerts.get(a.alert)
+        e = eff_alerts.get(a.alert)
+        note = "hard safety" if is_hard_safety(spec, a) else ""
+        path = ("alerts", a.alert)
+        rows.append(KnobRow(f"{a.alert}.enabled", "true", "false" if e is None else "true",
+                            src(*path, "enabled") if ov and ov.enabled is not None else "spec", note))
+        if e is None:
+            continue
+        for name, p in knobs(a).items():
+            rows.append(KnobRow(f"{a.alert}.{name}", _fmt(p.value), _fmt(knobs(e)[name].value),
+                                src(*path, "thresholds", name) if ov and name in ov.thresholds else "spec", note))
+        rows.append(KnobRow(f"{a.alert}.for", a.for_, e.for_, src(*path, "for") if ov and ov.for_ else "spec",
+                            note))
+        rows.append(KnobRow(f"{a.alert}.severity", a.severity, e.severity,
+                            src(*path, "severity") if ov and ov.severity else "spec", note))
+        if a.labels or e.labels:
+            rows.append(KnobRow(f"{a.alert}.labels", _fmt(a.labels), _fmt(e.labels),
+                                src(*path, "labels") if ov and ov.labels else "spec", note))
+        for sig in alert_signals(a):
+            if sig in signals:
+                setter = next((n for n, o in model.alerts.items() if o.min_steps is not None and n in eff_alerts
+                               and sig in alert_signals(eff_alerts[n])), None)
+                rows.append(KnobRow(f"{a.alert}.min_steps[{sig}]", str(base_signals[sig].min_steps),
+                                    str(signals[sig].min_steps),
+                                    src("alerts", setter, "min_steps") if setter else "spec", note))
+    return rows
+
+
+def schema(spec: Spec | None = None) -> dict:
+    """The JSON Schema of an overrides file for this spec (the packaged one by default): the model's, with the
+    spec's alert names, each alert's knob names (and ranges) and the teams spelled out."""
+    spec = spec or load_spec()
+    doc = Overrides.model_json_schema(by_alias=True)
+    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    doc["title"] = "verl-exporter overrides (verl-exporter.yaml)"
+    props = {}
+    for a in spec.alerts():
+        thresholds = {}
+        for name, p in knobs(a).items():
+            t: dict[str, Any] = {"type": "number", "description": f"default {p.value:g}; fires when the watched "
+                                                                  f"value {p.op} it"}
+            if p.min is not None:
+                t["minimum"] = p.min
+            if p.max is not None:
+                t["maximum"] = p.max
+            thresholds[name] = t
+        entry: dict[str, Any] = {"$ref": "#/$defs/AlertOverride", "description": a.summary,
+                                 "properties": {"thresholds": {"type": "object", "properties": thresholds,
+                                                               "additionalProperties": False}}}
+        if not alert_signals(a):
+            entry["properties"]["min_steps"] = {"type": "null"}
+        props[a.alert] = entry
+    doc["properties"]["alerts"] = {"type": "object", "properties": props, "additionalProperties": False,
+                                   "description": "per alert of the pack (unknown names are errors)"}
+    return doc
