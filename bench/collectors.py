@@ -34,16 +34,16 @@ from paths import BENCH, REPO  # noqa: E402, F401 - sets up imports of the packa
 # isort: split
 
 import requests  # noqa: E402
-from fake_pynvml import PROBE_COSTS_US, FakeNvml  # noqa: E402
+from fake_pynvml import PROBE_COSTS_US, FakeNvml, busy_node  # noqa: E402
 from foundation import (  # noqa: E402
     NODE_EXPORTER_NAMES,
     Proc,
     demo_log_bytes,
-    free_port,
     scrape_latency,
     start_node_exporter,
     step_of,
 )
+from helpers import free_port, results_table  # noqa: E402
 
 N_GPUS = 8
 NVLINK_LINKS = 18  # H100 / H200 SXM
@@ -51,13 +51,7 @@ NVLINK_LINKS = 18  # H100 / H200 SXM
 
 def fake_node(costs: dict | None = None) -> FakeNvml:
     """8 GPUs with NVLink and a few processes each (our own pid: role lookups hit a real /proc)."""
-    fake = FakeNvml(N_GPUS, nvlink_links=NVLINK_LINKS, costs_us=costs)
-    for i, g in enumerate(fake.gpus):
-        g.util_gpu, g.util_mem, g.power_mw = 90, 40, 600_000 + i
-        g.processes = [(os.getpid(), 40 << 30), (os.getppid(), 1 << 30)]
-        g.nvlink_tx_kib = [1 << 20] * NVLINK_LINKS
-        g.nvlink_rx_kib = [1 << 20] * NVLINK_LINKS
-    return fake
+    return busy_node(N_GPUS, nvlink_links=NVLINK_LINKS, costs_us=costs)
 
 
 # ---------------------------------------------------------------------------------------------- part 1
@@ -91,7 +85,7 @@ def bench_sampler(args, out, costs: dict | None, label: str) -> dict:
                                      "slow_run_wall_us": max(0.0, slow_wall - fast_us)}
         failures = {c.name: ctx.self_metrics.value("verl_exporter_collector_success", collector=c.name)
                     for c in collectors}
-        series = sum(len(f.samples) for f in sampler.collect())
+        series = sum(len(rows) for _, rows in sampler.series())
     finally:
         sampler.stop()
     total_fast = sum(r["fast_cpu_us"] for r in per_collector.values())
@@ -113,10 +107,8 @@ def bench_sampler(args, out, costs: dict | None, label: str) -> dict:
 # ---------------------------------------------------------------------------------------------- part 2
 def serve_fake(argv: list[str]) -> int:
     """--serve-fake: a real sidecar whose GPU collectors see a fake NVML of 8 GPUs; runs until signalled."""
-    import signal
-    import threading
-
     from verl_exporter.config import build_config
+    from verl_exporter.shutdown import stop_event
     from verl_exporter.sidecar import Sidecar
 
     p = argparse.ArgumentParser()
@@ -128,10 +120,8 @@ def serve_fake(argv: list[str]) -> int:
     Sidecar.context = lambda self: dataclasses.replace(original(self), nvml_loader=lambda: fake)
     config = build_config({}, {"listen": a.listen, "verl_log": a.verl_log, "run": "bench", "rank": 0,
                                "gpus": "all", "interval": 1.0, "trainer_pid": os.getpid()}, origin="bench")
+    done = stop_event()
     sidecar = Sidecar(config).start()
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
     sidecar.stop()
     return 0
@@ -219,12 +209,7 @@ def build_table(r: dict) -> str:
         add(f"/metrics {stat} ({side['series']} series, {N_GPUS} GPUs)", f"{side[key]:.2f} ms",
             f"node_exporter ({node['series']} series)" if node else "node_exporter (missing)",
             f"{node[key]:.2f} ms" if node else "-", side[key] / node[key] if node else None, 1.0)
-    header = ("measurement", "value", "baseline", "baseline value", "ratio", "goal", "verdict")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
+    return results_table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,12 +37,11 @@ from foundation import (
     NODE_EXPORTER_NAMES,
     Proc,
     demo_log_bytes,
-    free_port,
-    percentile,
     series_count,
     start_sidecar,
     step_of,
 )
+from helpers import free_port, percentile
 
 # About the sidecar's series count with the demo run (checked and printed on each run).
 NODE_COLLECTORS = ("cpu", "meminfo", "diskstats", "netdev", "filesystem", "vmstat", "loadavg", "stat")

@@ -21,7 +21,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 import psutil
 import requests
+from helpers import free_port, percentile, results_table
 from prometheus_client import CollectorRegistry, Gauge
 from verl_exporter.demo import demo_lines
 from verl_exporter.sources.monitor import Monitor
@@ -48,21 +48,6 @@ N_KEYS = 100
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil
-    return ordered[int(rank) - 1]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def version_of(dist: str) -> str:
     try:
         return metadata.version(dist)
@@ -488,13 +473,7 @@ def build_table(r: dict) -> str:
     rows.append(("Monitor worker drain/step", f"{log['monitor_drain_per_step_us']:.2f} us", "(informative)",
                  "-", "-", "-", "-"))
 
-    header = ("measurement", "value", "baseline", "baseline value", "ratio", "goal", "verdict")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    sep = "  "
-    lines = [sep.join(c.ljust(w) for c, w in zip(header, widths, strict=True)),
-             sep.join("-" * w for w in widths)]
-    lines += [sep.join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
+    return results_table(rows)
 
 
 if __name__ == "__main__":

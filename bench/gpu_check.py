@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from paths import REPO  # noqa: F401 - sets up imports of the package from this 
 
 # isort: split
 
+from helpers import free_port, percentile  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 FAST_GOAL_US_PER_GPU = 500.0
@@ -95,17 +95,6 @@ sys.stdin.readline()  # hold the memory until told to exit
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, -(-len(ordered) * q // 100) - 1)] if ordered else float("nan")
-
-
 def scrape(url: str) -> tuple[float, str]:
     t0 = time.perf_counter()
     with urllib.request.urlopen(url, timeout=10) as r:

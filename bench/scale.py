@@ -9,7 +9,7 @@
    (shared by its 8 ranks, as every sidecar on a node exports its node's host series), rank 0 with the
    training series of the bundled demo run (plus the multi-turn and validation keys of bench/foundation.py)
    and a checkpoint directory. Each collector samples twice (the ratios need a delta), and the body is
-   rendered by the real /metrics app (Sampler/FamilyRenderer, client_python for self-metrics and process_*),
+   rendered by the real /metrics app (Sampler/TextRenderer, client_python for self-metrics and process_*),
    in the OpenMetrics format that Prometheus asks for. Its series are counted: rank 0 and an ordinary rank
    (goal <= 400 each), by family and by collector.
 2. One process serves all ranks (an asyncio server listening on one loopback port per rank); each scrape
@@ -72,8 +72,9 @@ from paths import BENCH, REPO  # noqa: E402, F401 - sets up imports of the packa
 import psutil  # noqa: E402
 import requests  # noqa: E402
 import yaml  # noqa: E402
-from fake_pynvml import FakeGpu, FakeNvml, default_pci  # noqa: E402
-from foundation import extra_keys_line, free_port, percentile, version_of  # noqa: E402
+from fake_pynvml import FakeGpu, FakeNvml, busy_node, default_pci  # noqa: E402
+from foundation import extra_keys_line, version_of  # noqa: E402
+from helpers import free_port, percentile, results_table  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from verl_exporter.config import build_config  # noqa: E402
 from verl_exporter.demo import demo_lines  # noqa: E402
@@ -140,13 +141,9 @@ def fake_node(node: int) -> FakeNvml:
     """8 busy H200s with 18 NVLink links each and the trainer's process on each (UUIDs unique per node)."""
     gpus = [FakeGpu(uuid=f"GPU-{node:04x}{i:04x}-1e9b-25af-fbde-b4e7a3e7d4e0", pci_bus_id=default_pci(i))
             for i in range(GPUS_PER_NODE)]
-    fake = FakeNvml(gpus, nvlink_links=NVLINK_LINKS)
+    fake = busy_node(gpus, nvlink_links=NVLINK_LINKS)
     for i, g in enumerate(fake.gpus):
-        g.util_gpu, g.util_mem, g.power_mw = 85 + (node + i) % 10, 40, 600_000 + 1000 * i
         g.temperature, g.mem_used, g.clock_reasons = 55 + i, 120 << 30, 0
-        g.processes = [(os.getpid(), 120 << 30), (os.getppid(), 1 << 30)]
-        g.nvlink_tx_kib = [1 << 30] * NVLINK_LINKS
-        g.nvlink_rx_kib = [1 << 30] * NVLINK_LINKS
     return fake
 
 
@@ -204,7 +201,7 @@ def build_bodies(args, workdir: Path, spec, out) -> dict:
             if rank == 0:
                 for obj in steps:
                     sidecar.store.ingest(obj["step"], obj["data"], time.time())
-        for tick in (1, 2):  # two samples: the CPU, disk and NVLink ratios need a delta
+        for tick in (1, 2):  # two samples, as a running sidecar has had (the second is the one measured)
             if not args.host_procfs:
                 write_procfs(procfs, tick)
             for sidecar in sidecars:
@@ -1181,12 +1178,7 @@ def build_table(r: dict) -> str:
     info("RSS growth per head series", f"{ex['bytes_per_series']:.0f} B")
     info(f"Prometheus RSS at {ex['ranks']} ranks (extrapolated)", f"{ex['rss_bytes'] / 2**30:.2f} GiB")
     info("Prometheus CPU (after warm-up)", f"{p['cpu_pct_of_core']:.1f} % of a core")
-    header = ("measurement", "value", "baseline", "baseline value", "ratio", "goal", "verdict")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
+    return results_table(rows)
 
 
 def print_prometheus(out, r: dict) -> None:

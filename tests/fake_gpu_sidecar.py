@@ -10,7 +10,6 @@ on GPU 0 a moment after start: enough that every GPU panel and rule of the pack 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fake_pynvml import FakeNvml  # noqa: E402
+from fake_pynvml import FakeNvml, busy_node  # noqa: E402
 from verl_exporter import cli  # noqa: E402
 from verl_exporter.sidecar import Sidecar  # noqa: E402
 
@@ -26,12 +25,7 @@ HW_THERMAL_SLOWDOWN = 0x40
 
 
 def fake_node() -> FakeNvml:
-    fake = FakeNvml(2, nvlink_links=4)
-    for i, g in enumerate(fake.gpus):
-        g.util_gpu, g.util_mem, g.power_mw = 85 + 5 * i, 40, 450_000 + 10_000 * i
-        g.processes = [(os.getpid(), 30 << 30), (os.getppid(), 1 << 30)]
-        g.nvlink_tx_kib = [1 << 20] * 4
-        g.nvlink_rx_kib = [1 << 20] * 4
+    fake = busy_node(2, nvlink_links=4)
     fake.gpus[1].clock_reasons = HW_THERMAL_SLOWDOWN
     return fake
 

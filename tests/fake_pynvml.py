@@ -20,6 +20,7 @@ below 1 ms (as NVML's ioctls cost CPU) and sleeping above (the PCIe counter samp
 from __future__ import annotations
 
 import collections
+import os
 import string
 import threading
 import time
@@ -575,6 +576,19 @@ class FakeNvml:
 
 
 # ------------------------------------------------------------------------------------------- test support
+def busy_node(gpus: int | list[FakeGpu] = 2, nvlink_links: int = 4, costs_us: dict | None = None) -> FakeNvml:
+    """A node under training load: every GPU busy, NVLink traffic on every link, and two processes on each
+    GPU, this one (40 GiB) and its parent (1 GiB), so that role lookups hit a real /proc. What the fake-GPU
+    sidecar, the golden /metrics and the benchmarks serve."""
+    fake = FakeNvml(gpus, nvlink_links=nvlink_links, costs_us=costs_us)
+    for i, g in enumerate(fake.gpus):
+        g.util_gpu, g.util_mem, g.power_mw = 90 - i % 10, 40, 600_000 + 1000 * i
+        g.processes = [(os.getpid(), 40 << 30), (os.getppid(), 1 << 30)]
+        g.nvlink_tx_kib = [1 << 20] * nvlink_links
+        g.nvlink_rx_kib = [1 << 20] * nvlink_links
+    return fake
+
+
 def make_context(fake: FakeNvml | None, **overrides):
     """A collectors Context on the real spec whose NVML is ``fake`` (None: the real binding)."""
     from verl_exporter.collectors import Context

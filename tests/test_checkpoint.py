@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI, parse_metrics, require_tool, sample
-from prometheus_client import CollectorRegistry, generate_latest
-from verl_exporter import checkpoint_cli, checkpoint_manifest, verl_callback
+from verl_exporter import atomicfile, checkpoint_cli, checkpoint_manifest, verl_callback
 from verl_exporter.checkpoint_manifest import (
     MANIFEST_NAME,
     TRACKER_NAME,
@@ -200,11 +199,13 @@ def test_a_failed_rewrite_leaves_the_old_manifest_whole_and_no_temp_file(tmp_pat
     old = write_manifest(d).read_bytes()
     (d / "data.pt").write_bytes(b"new dataloader state")
 
-    def disk_full(doc, f, **kwargs):
-        f.write('{"format": "verl-exporter-checkpoint-manifest", "fi')  # half a document, then the error
+    real_write = os.write
+
+    def disk_full(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))  # half a document, then the error
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_manifest.json, "dump", disk_full)
+    monkeypatch.setattr(os, "write", disk_full)
     with pytest.raises(OSError, match="No space left"):
         write_manifest(d)
     assert (d / MANIFEST_NAME).read_bytes() == old
@@ -354,7 +355,7 @@ def test_cli_manifest_that_cannot_be_written_exits_1(tmp_path, capsys, monkeypat
     def read_only(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(checkpoint_manifest.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(atomicfile.tempfile, "mkstemp", read_only)
     assert run_cli("checkpoint", "manifest", str(d)) == 1
     assert "cannot write a manifest" in capsys.readouterr().err
 
@@ -511,10 +512,10 @@ def test_collector_missing_dir_gives_no_series_then_picks_it_up(tmp_path):
     collector = CheckpointCollector(ctx)
     sampler = Sampler([collector], ctx.spec, ctx.self_metrics)
     assert sampler.run_once(collector, slow=True) is True  # not an error: training has not saved yet
-    assert [f.name for f in sampler.collect()] == []
+    assert sampler.series() == []
     root.mkdir(parents=True)
     sampler.run_once(collector, slow=True)
-    assert {f.name: [s.value for s in f.samples] for f in sampler.collect()} == {
+    assert {metric.name: list(rows.values()) for metric, rows in sampler.series()} == {
         "verl_checkpoint_kept": [0.0], "verl_checkpoint_incomplete": [0.0]}
     assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="checkpoint") == 0
 
@@ -698,9 +699,7 @@ def test_exposition_passes_promtool(tmp_path):
     collector = CheckpointCollector(ctx)
     sampler = Sampler([collector], ctx.spec, ctx.self_metrics, const_labels={"run": "ppo", "rank": "0"})
     assert sampler.run_once(collector, slow=True)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(sampler)
-    text = generate_latest(registry).decode()
+    text = sampler.render()
     proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "" and proc.stderr.strip() == "", proc.stdout + proc.stderr

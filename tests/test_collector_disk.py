@@ -1,8 +1,7 @@
-"""The disk collector: ratios from two /proc/diskstats snapshots, skipped devices, resets, the real /proc."""
+"""The disk collector: node_exporter's counters from /proc/diskstats, skipped devices, resets, the real /proc."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -42,19 +41,27 @@ def devices(samples, name="verl_host_disk_bytes_total") -> set[str]:
     return {labels["device"] for n, labels, _ in samples if n == name}
 
 
-def two_snapshots(ctx):
-    c = DiskCollector(ctx)
-    first = list(c.sample())
-    ctx.procfs, ctx.clock.now = str(T1), ctx.clock.now + 2.0  # 2000 ms of wall time
-    return c, first, list(c.sample())
+def test_counters_from_the_first_sample(ctx):
+    first = by_series(DiskCollector(ctx).sample())
 
+    def v(name, **labels):
+        return first[(name, tuple(sorted(labels.items())))]
 
-def test_first_sample_is_a_baseline_with_byte_counters_only(ctx):
-    first = list(DiskCollector(ctx).sample())
-    assert {n for n, _, _ in first} == {"verl_host_disk_bytes_total"}
-    # nvme0n1 at t0: 80000 sectors read, 40000 written, 512 bytes each
-    assert get(first, "verl_host_disk_bytes_total", device="nvme0n1", op="read") == 80000 * 512
-    assert get(first, "verl_host_disk_bytes_total", device="nvme0n1", op="write") == 40000 * 512
+    # nvme0n1 at t0: reads 1000 (80000 sectors, 2000 ms), writes 500 (40000 sectors, 3000 ms), io 4000 ms,
+    # weighted 5000 ms. Counters in base units from the first sample on: no baseline to wait for.
+    assert v("verl_host_disk_io_time_seconds_total", device="nvme0n1") == 4.0
+    assert v("verl_host_disk_io_time_weighted_seconds_total", device="nvme0n1") == 5.0
+    assert v("verl_host_disk_operations_completed_total", device="nvme0n1", op="read") == 1000
+    assert v("verl_host_disk_operations_completed_total", device="nvme0n1", op="write") == 500
+    assert v("verl_host_disk_operation_time_seconds_total", device="nvme0n1", op="read") == 2.0
+    assert v("verl_host_disk_operation_time_seconds_total", device="nvme0n1", op="write") == 3.0
+    assert v("verl_host_disk_bytes_total", device="nvme0n1", op="read") == 80000 * 512
+    assert v("verl_host_disk_bytes_total", device="nvme0n1", op="write") == 40000 * 512
+    assert {n for n, _ in first} == {
+        "verl_host_disk_io_time_seconds_total", "verl_host_disk_io_time_weighted_seconds_total",
+        "verl_host_disk_operations_completed_total", "verl_host_disk_operation_time_seconds_total",
+        "verl_host_disk_bytes_total"}
+    assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="disk") == 0
 
 
 def test_partitions_and_pseudo_devices_are_skipped(ctx):
@@ -73,68 +80,19 @@ def test_ignore_pattern(name, ignored):
     assert bool(IGNORED_DEVICES.match(name)) is ignored
 
 
-def test_ratios_over_the_period(ctx):
-    _, _, second = two_snapshots(ctx)
-    s = by_series(second)
-
-    def v(name, **labels):
-        return s[(name, tuple(sorted(labels.items())))]
-
-    # nvme0n1: io ms 4000 -> 5000 over 2000 ms wall: busy 0.5; weighted 5000 -> 8000: queue depth 1.5;
-    # reads 1000 -> 1100 taking 2000 -> 2050 ms: 50 ms / 100 = 0.5 ms; writes 500 -> 540, 3000 -> 3400 ms: 10 ms.
-    assert v("verl_host_disk_busy_ratio", device="nvme0n1") == pytest.approx(0.5)
-    assert v("verl_host_disk_queue_depth", device="nvme0n1") == pytest.approx(1.5)
-    assert v("verl_host_disk_await_seconds", device="nvme0n1", op="read") == pytest.approx(0.0005)
-    assert v("verl_host_disk_await_seconds", device="nvme0n1", op="write") == pytest.approx(0.010)
-    assert v("verl_host_disk_bytes_total", device="nvme0n1", op="read") == 88192 * 512
-    assert v("verl_host_disk_bytes_total", device="nvme0n1", op="write") == 48192 * 512
-    # sda is hung: io ms +2010 in 2000 ms (clock skew) caps at 1; weighted +64000 / 2000 = 32 in flight;
-    # nothing completed, so await is 0 rather than absent.
-    assert v("verl_host_disk_busy_ratio", device="sda") == 1.0
-    assert v("verl_host_disk_queue_depth", device="sda") == pytest.approx(32.0)
-    assert v("verl_host_disk_await_seconds", device="sda", op="read") == 0.0
-    assert v("verl_host_disk_await_seconds", device="sda", op="write") == 0.0
-    # vda: io +30 ms: 0.015; weighted +25: 0.0125; no reads: 0; writes +10 taking +25 ms: 2.5 ms.
-    assert v("verl_host_disk_busy_ratio", device="vda") == pytest.approx(0.015)
-    assert v("verl_host_disk_queue_depth", device="vda") == pytest.approx(0.0125)
-    assert v("verl_host_disk_await_seconds", device="vda", op="read") == 0.0
-    assert v("verl_host_disk_await_seconds", device="vda", op="write") == pytest.approx(0.0025)
-    # mmcblk0 did nothing.
-    assert v("verl_host_disk_busy_ratio", device="mmcblk0") == 0.0
-    assert v("verl_host_disk_queue_depth", device="mmcblk0") == 0.0
-
-
-def test_a_counter_reset_skips_that_device_for_one_period(ctx, tmp_path):
-    c, _, second = two_snapshots(ctx)
-    # dm-0 was re-created between t0 and t1: its columns went backwards. No ratios, but the new byte counter.
-    assert "dm-0" not in devices(second, "verl_host_disk_busy_ratio")
-    assert "dm-0" not in devices(second, "verl_host_disk_await_seconds")
-    assert get(second, "verl_host_disk_bytes_total", device="dm-0", op="read") == 96 * 512
-    assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="disk") == 0
-    # One period later dm-0 is measured from its new baseline: io ms 4 -> 1004 over 2000 ms = 0.5.
-    shutil.copytree(T1, tmp_path / "t2")
-    stats = tmp_path / "t2" / "diskstats"
-    stats.write_text(stats.read_text().replace(" dm-0 12 0 96 3 0 0 0 0 0 4 3 ", " dm-0 22 0 176 13 0 0 0 0 0 1004 3 "))
-    ctx.procfs, ctx.clock.now = str(tmp_path / "t2"), ctx.clock.now + 2.0
-    third = list(c.sample())
-    assert get(third, "verl_host_disk_busy_ratio", device="dm-0") == pytest.approx(0.5)
-    # reads 12 -> 22 taking 3 -> 13 ms: 1 ms each
-    assert get(third, "verl_host_disk_await_seconds", device="dm-0", op="read") == pytest.approx(0.001)
-
-
-def test_a_vanished_device_is_forgotten(ctx):
-    c, first, second = two_snapshots(ctx)
-    assert "vdb" in devices(first)
-    assert "vdb" not in devices(second)
-    assert set(c._previous) == devices(second)  # no state kept for a device that is gone
-
-
-def test_a_clock_that_steps_back_skips_the_ratios(ctx):
+def test_counters_are_exported_as_the_kernel_has_them_resets_included(ctx):
     c = DiskCollector(ctx)
     c.sample()
-    ctx.procfs, ctx.clock.now = str(T1), ctx.clock.now - 5.0
+    ctx.procfs = str(T1)
     second = list(c.sample())
-    assert {n for n, _, _ in second} == {"verl_host_disk_bytes_total"}
+    # dm-0 was re-created between t0 and t1: its counters restart, and are exported so (rate() takes the
+    # drop for a reset, as for node_exporter's); a vanished device (vdb) is simply gone.
+    assert get(second, "verl_host_disk_operations_completed_total", device="dm-0", op="read") == 12
+    assert get(second, "verl_host_disk_bytes_total", device="dm-0", op="read") == 96 * 512
+    assert "vdb" not in devices(second)
+    # sda is hung: I/O in flight, nothing completes; its I/O time still grows.
+    assert get(second, "verl_host_disk_io_time_seconds_total", device="sda") == 102.01
+    assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="disk") == 0
 
 
 def test_a_bad_line_loses_only_its_device(ctx, tmp_path):
@@ -148,8 +106,15 @@ def test_a_bad_line_loses_only_its_device(ctx, tmp_path):
 
 def test_linux_5_4_format_with_15_columns(ctx):
     ctx.procfs = str(FIXTURES / "proc_old")
-    first = list(DiskCollector(ctx).sample())
-    assert by_series(first) == {
+    first = by_series(DiskCollector(ctx).sample())
+    # sda 4100 250 329000 5200 900 120 88000 1400 0 6000 6600
+    assert first == {
+        ("verl_host_disk_io_time_seconds_total", (("device", "sda"),)): 6.0,
+        ("verl_host_disk_io_time_weighted_seconds_total", (("device", "sda"),)): 6.6,
+        ("verl_host_disk_operations_completed_total", (("device", "sda"), ("op", "read"))): 4100,
+        ("verl_host_disk_operations_completed_total", (("device", "sda"), ("op", "write"))): 900,
+        ("verl_host_disk_operation_time_seconds_total", (("device", "sda"), ("op", "read"))): 5.2,
+        ("verl_host_disk_operation_time_seconds_total", (("device", "sda"), ("op", "write"))): 1.4,
         ("verl_host_disk_bytes_total", (("device", "sda"), ("op", "read"))): 329000 * 512,
         ("verl_host_disk_bytes_total", (("device", "sda"), ("op", "write"))): 88000 * 512,
     }
@@ -159,13 +124,12 @@ def test_real_proc_values_are_sane():
     spec = load_spec()
     ctx = Context(spec=spec, self_metrics=SelfMetrics(spec))
     c = DiskCollector(ctx)
-    first = list(c.sample())
+    first = by_series(c.sample())
     time.sleep(0.2)
-    second = list(c.sample())
+    second = by_series(c.sample())
     assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="disk") == 0
-    for name, labels, value in first + second:
-        assert not IGNORED_DEVICES.match(labels["device"])
+    for (name, labels), value in second.items():
+        assert not IGNORED_DEVICES.match(dict(labels)["device"])
         assert value >= 0, (name, labels, value)
-        if name == "verl_host_disk_busy_ratio":
-            assert value <= 1.0
-    assert devices(second, "verl_host_disk_busy_ratio") == devices(second)
+        if (name, labels) in first:  # a device that was there before: its counters did not go back
+            assert value >= first[(name, labels)], (name, labels)

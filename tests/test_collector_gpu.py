@@ -26,7 +26,7 @@ from fake_pynvml import (
     series_of,
     value,
 )
-from verl_exporter.collectors import Unavailable, load_all
+from verl_exporter.collectors import REGISTRY, Unavailable
 from verl_exporter.collectors.gpu import FAST_FIELDS, GpuCollector
 from verl_exporter.collectors.gpu_processes import GpuProcessesCollector
 from verl_exporter.collectors.nvlink import NvlinkCollector
@@ -322,11 +322,11 @@ def test_eight_gpus_fit_the_spec_without_dropped_series():
     try:
         assert all(sampler.run_once(c) for c in collectors)
         assert all(sampler.run_once(c, slow=False) for c in collectors)
-        families = {f.name: f for f in sampler.collect()}
-        assert len(families["verl_gpu_clock_event_active"].samples) == 8 * 9
-        assert len(families["verl_gpu_field_supported"].samples) == 8 * 15
-        assert len(families["verl_gpu_nvlink_errors"].samples) == 8 * 4  # summed over links, per type
-        assert len(families["verl_gpu_nvlink_link_up"].samples) == 8 * 18
+        series = {metric.name: rows for metric, rows in sampler.series()}
+        assert len(series["verl_gpu_clock_event_active"]) == 8 * 9
+        assert len(series["verl_gpu_field_supported"]) == 8 * 15
+        assert len(series["verl_gpu_nvlink_errors_total"]) == 8 * 4  # summed over links, per type
+        assert len(series["verl_gpu_nvlink_link_up"]) == 8 * 18
     finally:
         sampler.stop()
     assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 0
@@ -345,7 +345,7 @@ def test_a_sidecar_serves_the_gpu_series_over_http_and_promtool_accepts_them(mon
     mine = {"gpu", "nvlink", "xid", "gpu_processes"}
     config = ServeConfig(listen=f"127.0.0.1:{free_port()}", run="e2e", rank=0, gpus="all", interval=0.1,
                          trainer_pid=os.getpid(), gpu_pcie_throughput=True,
-                         collectors={name: name in mine for name in load_all()})
+                         collectors={name: name in mine for name in REGISTRY})
     sidecar = Sidecar(config).start()
     try:
         fake.inject_xid(1, 79)

@@ -1,4 +1,4 @@
-"""The host collector: CPU ratios from two /proc/stat snapshots, load, memory, the trainer's RSS, the real /proc."""
+"""The host collector: CPU time counters from /proc/stat, load, memory, the trainer's RSS, the real /proc."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import require_tool
-from prometheus_client import CollectorRegistry, generate_latest
-from verl_exporter.collectors import Context, load_all
-from verl_exporter.collectors.host import HostCollector
+from verl_exporter.collectors import REGISTRY, Context
+from verl_exporter.collectors.host import USER_HZ, HostCollector
 from verl_exporter.collectors.sampler import Sampler
 from verl_exporter.selfmetrics import SelfMetrics
 from verl_exporter.spec import load_spec
@@ -45,10 +44,20 @@ def errors(ctx) -> float:
     return ctx.self_metrics.value("verl_exporter_source_errors_total", component="host")
 
 
-def test_first_sample_has_load_and_memory_but_no_cpu_ratios(ctx):
+MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_seconds(samples) -> dict[str, float]:
+    return {labels["mode"]: value for name, labels, value in samples if name == "verl_host_cpu_seconds_total"}
+
+
+def test_first_sample_has_cpu_counters_load_and_memory(ctx):
     first = list(HostCollector(ctx).sample())
-    assert "verl_host_cpu_utilization_ratio" not in names(first)
-    assert "verl_host_cpu_iowait_ratio" not in names(first)
+    # The aggregate cpu line of proc_t0, in USER_HZ ticks: user nice system idle iowait irq softirq steal; the
+    # guest columns (already in user and nice) are left out. Counters from the first sample on: no baseline.
+    ticks = dict(zip(MODES, (34392, 0, 5468, 147360, 750, 0, 396, 113), strict=True))
+    assert cpu_seconds(first) == {mode: t / USER_HZ for mode, t in ticks.items()}
+    assert "verl_host_cpu_utilization_ratio" not in names(first)  # a ratio is a recording rule now
     assert get(first, "verl_host_load_average", period="1m") == 0.15
     assert get(first, "verl_host_load_average", period="5m") == 0.40
     assert get(first, "verl_host_load_average", period="15m") == 0.29
@@ -59,41 +68,40 @@ def test_first_sample_has_load_and_memory_but_no_cpu_ratios(ctx):
     assert errors(ctx) == 0
 
 
-def test_cpu_ratios_over_the_period(ctx):
+def test_cpu_counters_follow_proc_stat(ctx):
     c = HostCollector(ctx)
     c.sample()
     ctx.procfs = str(T1)
     second = list(c.sample())
-    # cpu line deltas: user +600, nice 0, system +200, idle +1000, iowait +150, irq 0, softirq +40, steal +10
-    # = 2000 jiffies. Busy = not idle, iowait or steal = 600 + 200 + 40 = 840 -> 0.42; iowait 150 / 2000.
-    assert get(second, "verl_host_cpu_utilization_ratio") == pytest.approx(0.42)
-    assert get(second, "verl_host_cpu_iowait_ratio") == pytest.approx(0.075)
+    ticks = dict(zip(MODES, (34992, 0, 5668, 148360, 900, 0, 436, 123), strict=True))
+    assert cpu_seconds(second) == {mode: t / USER_HZ for mode, t in ticks.items()}
     assert get(second, "verl_host_load_average", period="1m") == 1.52
     assert get(second, "verl_host_memory_used_bytes") == (24683656 - 23987100) * KIB
 
 
-def test_iowait_going_backwards_counts_as_zero(ctx, tmp_path):
+def test_iowait_going_backwards_is_held_so_that_rate_sees_no_reset(ctx, tmp_path):
     shutil.copytree(T1, tmp_path / "t1")
     stat = tmp_path / "t1" / "stat"
     stat.write_text(stat.read_text().replace("cpu  34992 0 5668 148360 900 ", "cpu  34992 0 5668 148360 700 "))
     c = HostCollector(ctx)
-    c.sample()
+    c.sample()  # iowait 750
     ctx.procfs = str(tmp_path / "t1")
-    second = list(c.sample())
-    # iowait 750 -> 700 is taken as 0: total 600 + 200 + 1000 + 0 + 40 + 10 = 1850, busy 840.
-    assert get(second, "verl_host_cpu_iowait_ratio") == 0.0
-    assert get(second, "verl_host_cpu_utilization_ratio") == pytest.approx(840 / 1850)
+    second = cpu_seconds(c.sample())
+    # 750 -> 700 (proc(5): iowait may decrease) keeps 750, as node_exporter does: rate() would otherwise
+    # read the step back as a counter reset and add the whole counter.
+    assert second["iowait"] == 750 / USER_HZ
+    assert second["user"] == 34992 / USER_HZ
+    ctx.procfs = str(T1)
+    assert cpu_seconds(c.sample())["iowait"] == 900 / USER_HZ  # and moves on once the kernel passes it
 
 
-def test_an_aggregate_that_shrinks_skips_the_ratios(ctx):
-    # CPUs going offline take their time out of the aggregate line: every column goes down.
+def test_no_mode_ever_goes_down(ctx):
     ctx.procfs = str(T1)
     c = HostCollector(ctx)
-    c.sample()
-    ctx.procfs = str(T0)
-    second = list(c.sample())
-    assert "verl_host_cpu_utilization_ratio" not in names(second)
-    assert "verl_host_memory_total_bytes" in names(second)
+    first = cpu_seconds(c.sample())
+    ctx.procfs = str(T0)  # every column lower
+    second = cpu_seconds(c.sample())
+    assert second == first
     assert errors(ctx) == 0
 
 
@@ -109,7 +117,7 @@ def test_one_unreadable_file_loses_only_its_own_metrics(ctx, tmp_path):
     assert get(second, "verl_host_memory_available_bytes") == 1000 * KIB
     assert "verl_host_memory_total_bytes" not in names(second)
     assert "verl_host_memory_used_bytes" not in names(second)
-    assert get(second, "verl_host_cpu_utilization_ratio") is None  # same stat twice: no jiffy elapsed
+    assert cpu_seconds(second)["idle"] == 147360 / USER_HZ
     assert errors(ctx) == 4  # loadavg missing and one bad meminfo line, in each of the two samples
 
 
@@ -197,15 +205,15 @@ def test_real_proc_values_are_sane():
     spec = load_spec()
     ctx = Context(spec=spec, self_metrics=SelfMetrics(spec))
     c = HostCollector(ctx)
-    c.sample()
-    deadline = time.monotonic() + 5
-    while True:  # a jiffy is 1-10 ms; wait until at least one has elapsed on the aggregate line
-        time.sleep(0.1)
-        second = by_series(c.sample())
-        if ("verl_host_cpu_utilization_ratio", ()) in second or time.monotonic() > deadline:
-            break
-    assert 0.0 <= second[("verl_host_cpu_utilization_ratio", ())] <= 1.0
-    assert 0.0 <= second[("verl_host_cpu_iowait_ratio", ())] <= 1.0
+    first = cpu_seconds(c.sample())
+    time.sleep(0.1)
+    raw = c.sample()
+    second, after = by_series(raw), cpu_seconds(raw)
+    assert set(after) == set(MODES)
+    assert all(after[m] >= first[m] >= 0 for m in MODES)
+    # all CPUs together: at least as many seconds as this machine has been up on one CPU, roughly
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    assert sum(after.values()) >= 0.5 * uptime
     total = second[("verl_host_memory_total_bytes", ())]
     available = second[("verl_host_memory_available_bytes", ())]
     assert total > 0
@@ -230,7 +238,7 @@ def test_sampler_with_all_host_collectors_passes_promtool(tree, tmp_path):
     ctx = Context(spec=spec, self_metrics=self_metrics, procfs=str(T0) if tree == "fixtures" else "/proc",
                   trainer_pid=psutil.Process().pid, checkpoint_dir=str(tmp_path), watch_paths=("/",),
                   clock=(lambda: now[0]) if tree == "fixtures" else time.time)
-    registry = load_all()
+    registry = REGISTRY
     collectors = []
     for name in HOST_COLLECTORS:
         try:
@@ -247,9 +255,7 @@ def test_sampler_with_all_host_collectors_passes_promtool(tree, tmp_path):
     for c in collectors:
         assert sampler.run_once(c)
 
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(sampler)
-    text = generate_latest(reg).decode()
+    text = sampler.render()
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
     for name in HOST_COLLECTORS:

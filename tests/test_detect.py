@@ -87,14 +87,14 @@ def test_store_exports_detector_gauges_and_recovers_them_from_the_tail():
     live = store()
     for i, (step, data) in enumerate(lines):
         live.ingest(step, data, 1000.0 + 30 * i)
-    rows = {m.name: r for m, r in live.families()}
+    rows = {m.name: r for m, r in live.series()}
     assert rows["verl_detector_steps"][("score",)] == 30
     assert "verl_detector_sustained_drop_zscore" in rows
     # A restarted sidecar reads the file's tail (all at the file's mtime) and rebuilds the same window.
     restarted = store()
     for step, data in lines[-35:]:
         restarted.ingest(step, data, 5000.0)
-    again = {m.name: r for m, r in restarted.families()}
+    again = {m.name: r for m, r in restarted.series()}
     for name in ("verl_detector_zscore", "verl_detector_sustained_drop_zscore", "verl_detector_spread"):
         assert again[name][("score",)] == pytest.approx(rows[name][("score",)])
 
@@ -103,7 +103,7 @@ def test_no_detector_gauge_before_ten_steps_in_the_store():
     s = TrainingStore(SPEC, SelfMetrics(SPEC))
     for step in range(1, 10):
         s.ingest(step, {"critic/score/mean": 0.5, "timing_s/step": 10.0}, float(step))
-    names = {m.name for m, rows in s.families() if rows}
+    names = {m.name for m, rows in s.series() if rows}
     assert "verl_detector_zscore" not in names and "verl_detector_steps" in names
 
 

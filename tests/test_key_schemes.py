@@ -80,7 +80,7 @@ def _series(tmp_path, name: str, steps: list[dict]) -> dict:
     VerlFileFollower(str(path), store, sm, clock=Clock()).poll()
     assert store.step == len(steps)
     seen = spec.with_field("step_time").name  # when the line was read (file mtime here), not from its keys
-    return {(metric.name, labels): value for metric, rows in store.families() for labels, value in rows.items()
+    return {(metric.name, labels): value for metric, rows in store.series() for labels, value in rows.items()
             if metric.name != seen}
 
 

@@ -1,4 +1,5 @@
-"""Content negotiation with q-values, the index page, control reasons in the log, the node's restart backoff."""
+"""Content negotiation with q-values, the index page, control reasons in the log, the node's restart backoff,
+the one shutdown helper."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import gzip
 import io
 import json
 import logging
+import os
+import signal
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from verl_exporter import node
 from verl_exporter.control import ControlState, make_control_app
 from verl_exporter.server import metrics_app
+from verl_exporter.shutdown import SIGNALS, stop_event
+
+PACKAGE = Path(node.__file__).resolve().parent
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
                      "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
@@ -83,7 +90,7 @@ def test_the_index_page_escapes_the_run_name_and_shows_no_none():
 
 def test_a_control_reason_cannot_forge_log_lines(tmp_path, caplog):
     state = ControlState(str(tmp_path / "control.json"))
-    app = make_control_app(state, "tok", lambda *_: None, _NoMetrics())
+    app = make_control_app(state, "tok", _NoMetrics())
     body = json.dumps({"reason": "ok\n2026-01-01 WARNING verl_exporter: forged\r\x1b[2J"}).encode()
     environ = {"PATH_INFO": "/control/stop", "REQUEST_METHOD": "POST", "HTTP_AUTHORIZATION": "Bearer tok",
                "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)}
@@ -125,3 +132,23 @@ def test_the_restart_backoff_starts_afresh_after_a_healthy_run(monkeypatch):
     sup.start(0)
     now[0] += node.HEALTHY_RUN_S  # a long healthy run, then a crash
     assert sup.exited(0) == 1.0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_one_shutdown_helper_stops_serve_relay_demo_and_node(sig):
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    try:
+        done = stop_event()
+        os.kill(os.getpid(), sig)
+        assert done.wait(5)
+        sup = node.Supervisor([["serve"]])
+        assert stop_event(sup.stopping) is sup.stopping  # node's supervisor loop waits on its own event
+        os.kill(os.getpid(), sig)
+        assert sup.stopping.wait(5)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    sources = {name: (PACKAGE / name).read_text(encoding="utf-8")
+               for name in ("cli.py", "demo.py", "node.py", "relay/cli.py")}
+    assert {name: "stop_event(" in text and "signal.signal(" not in text for name, text in sources.items()} == {
+        name: True for name in sources}

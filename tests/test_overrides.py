@@ -209,9 +209,9 @@ def test_the_sidecar_detectors_and_the_breaker_read_the_same_knobs(tmp_path, spe
     detectors.observe(21, {"critic/score/mean": 0.1, "timing_s/step": 60.0})
     assert "zscore" in detectors.by_name["score"].stats
     # the serve config (and --overrides) hands the file to the sidecar
-    from verl_exporter.collectors import load_all
+    from verl_exporter.collectors import REGISTRY
 
-    flags = {"listen": "127.0.0.1:0", "collectors": {name: False for name in load_all()}}
+    flags = {"listen": "127.0.0.1:0", "collectors": {name: False for name in REGISTRY}}
     sidecar = Sidecar(build_config({"overrides": str(path)}, flags))
     try:
         assert sidecar.spec.overrides == str(path)

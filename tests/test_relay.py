@@ -14,6 +14,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -31,6 +32,7 @@ from conftest import (
     wait_for,
 )
 from robots import FakeDingTalk, FakeWeCom
+from verl_exporter.relay import app as relay_app
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import RelayConfigError, Secret, load_config, parse_config
 from verl_exporter.relay.journal import check_spool_dir
@@ -331,6 +333,11 @@ def test_secrets_never_reach_logs_metrics_health_or_answers(robots, start_relay,
     doc["targets"]["wecom"]["url"] = closed.replace("/robot/send", "/cgi-bin/webhook/send")
     relay = start_relay(doc)
     logging.getLogger("verl_exporter.relay").warning("a careless line with %s and %s", TOKEN, WKEY)
+    logging_modules = [p.stem for p in Path(relay_app.__file__).parent.glob("*.py")
+                       if "getLogger(__name__)" in p.read_text(encoding="utf-8")]
+    assert {"app", "dispatch", "journal", "actions"} <= set(logging_modules)
+    for module in logging_modules:  # each module logs under its own name; each is scrubbed
+        logging.getLogger(f"verl_exporter.relay.{module}").warning("careless in %s: %s", module, SECRET)
     try:
         raise RuntimeError(f"a careless exception about {SECRET}")
     except RuntimeError:
@@ -344,6 +351,8 @@ def test_secrets_never_reach_logs_metrics_health_or_answers(robots, start_relay,
             http_get(relay.url + "/healthz")[2].decode(), repr(relay.config)]
     assert "a careless line with <secret> and <secret>" in caplog.text  # the relay's logger scrubs
     assert "a careless exception about <secret>" in caplog.text
+    assert caplog.text.count("careless in ") == len(logging_modules)
+    assert caplog.text.count(": <secret>") >= len(logging_modules)
     assert "network error" in caplog.text
     for secret in SECRETS:
         assert not any(secret in s for s in seen), secret

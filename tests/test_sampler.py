@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 from conftest import parse_metrics, sample, wait_for
 from fake_pynvml import make_context
+from verl_exporter import collectors
 from verl_exporter.collectors.base import Collector
 from verl_exporter.collectors.sampler import Sampler
 
@@ -108,6 +112,7 @@ def test_fast_exposition_matches_client_python():
     """exposition.py renders what client_python would, in both formats."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+    from verl_exporter.families import family
 
     ctx = make_context(None)
 
@@ -119,10 +124,16 @@ def test_fast_exposition_matches_client_python():
                     ("verl_host_pressure_stall_seconds_total", {"resource": "io", "kind": "some"}, 1e21),
                     ("verl_host_memory_total_bytes", {}, float("inf"))]
 
-    sampler = Sampler([Mixed(ctx)], ctx.spec, ctx.self_metrics, {"run": "r", "rank": "1"})
+    const = {"run": "r", "rank": "1"}
+    sampler = Sampler([Mixed(ctx)], ctx.spec, ctx.self_metrics, const)
     sampler.run_once(sampler.collectors[0])
+
+    class AsFamilies:  # the same series as client_python's own metric families
+        def collect(self):
+            return [family(metric, rows, const) for metric, rows in sampler.series()]
+
     registry = CollectorRegistry()
-    registry.register(sampler)
+    registry.register(AsFamilies())
     assert sampler.render() == generate_latest(registry).decode()
     assert sampler.render(openmetrics=True) + "# EOF\n" == generate_openmetrics(registry).decode()
 
@@ -142,7 +153,18 @@ def test_dropped_series_are_counted_once_per_sample_not_per_scrape():
     sampler.run_once(sampler.collectors[0])
     for _ in range(3):  # three scrapes (or two HA Prometheus servers) of one sample
         sampler.render()
-        list(sampler.collect())
     assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 5
     sampler.run_once(sampler.collectors[0])
     assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 10
+
+
+def test_importing_the_package_registers_every_collector_once():
+    """node_exporter's layout: each collector file registers itself, the package imports every file; there is
+    no second list of modules to keep in step."""
+    code = "import verl_exporter.collectors as c; print(' '.join(sorted(c.REGISTRY)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    folder = Path(collectors.__file__).parent
+    registering = sorted(p.stem for p in folder.glob("*.py") if "\n@register\n" in p.read_text(encoding="utf-8"))
+    assert out == sorted(collectors.REGISTRY) == sorted(cls.name for cls in collectors.REGISTRY.values())
+    assert len(out) == len(registering) == 10, (out, registering)
+    assert not hasattr(collectors, "load_all")

@@ -8,6 +8,8 @@ import subprocess
 
 import yaml
 from conftest import REPO, require_tool
+from verl_exporter.render.promql import all_recordings
+from verl_exporter.spec import load_spec
 
 REPLICA = REPO / "docker/prometheus/scale/prometheus-replica.yml"
 
@@ -29,3 +31,5 @@ def test_replica_config_keeps_what_the_rules_and_dashboards_need():
     keep = doc["remote_write"][0]["write_relabel_configs"][0]["regex"]
     for name in ("verl_training_step", "up", "rank:verl_x:avg_over_time_1h", "job_run:verl_x:avg"):
         assert re.fullmatch(keep, name), name
+    recorded = [r.record for r in all_recordings(load_spec())]
+    assert [name for name in recorded if not re.fullmatch(keep, name)] == []  # every recording rule is kept

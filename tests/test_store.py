@@ -7,6 +7,7 @@ import math
 import pytest
 from conftest import parse_metrics, sample
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from verl_exporter.selfmetrics import SelfMetrics
 from verl_exporter.spec import load_spec
 from verl_exporter.store import TrainingStore, as_number
@@ -18,9 +19,19 @@ def parts():
     sm = SelfMetrics(spec, {"run": "r", "rank": "0"})
     store = TrainingStore(spec, sm, {"run": "r", "rank": "0"}, max_unmapped=3)
     registry = CollectorRegistry()
-    registry.register(store)
+    registry.register(Rendered(store))
     registry.register(sm)
     return store, sm, registry
+
+
+class Rendered:
+    """What a scrape shows of the store: its own text exposition (store.render()), read back by client_python."""
+
+    def __init__(self, store: TrainingStore):
+        self.store = store
+
+    def collect(self):
+        return text_string_to_metric_families(self.store.render())
 
 
 def scrape(registry):

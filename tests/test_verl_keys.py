@@ -303,7 +303,7 @@ def test_every_scanned_key_written_by_verls_file_logger_is_exported_typed(tmp_pa
     assert store.step == 1
     assert sm.value("verl_exporter_unmapped_values_total") in (None, 0)
     assert sm.value("verl_exporter_series_dropped_total", reason="series_cap") in (None, 0)
-    series = {(metric.name, labels): value for metric, rows in store.families() for labels, value in rows.items()}
+    series = {(metric.name, labels): value for metric, rows in store.series() for labels, value in rows.items()}
     mapper = KeyMapper(spec)
     for key in keys:
         r = mapper.resolve(key)

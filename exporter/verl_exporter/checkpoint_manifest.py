@@ -10,17 +10,17 @@ Everything here is a plain function of the file system: no threads, no state, no
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
 import stat
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .atomicfile import TEMP_SUFFIX, temp_prefix, write_atomic
 
 MANIFEST_NAME = "verl_exporter_manifest.json"
 MANIFEST_FORMAT = "verl-exporter-checkpoint-manifest"
@@ -30,8 +30,8 @@ CHUNK_BYTES = 1 << 20  # hashing reads this much at a time, so memory stays boun
 HASH_TRIES = 3  # a file that changed while hashed is hashed again this many times at most
 
 # Temp files of write_manifest(); one left behind by a crash must not show up as an "extra file".
-_MANIFEST_TEMP_PREFIX = f".{MANIFEST_NAME}."
-_MANIFEST_TEMP_SUFFIX = ".tmp"
+_MANIFEST_TEMP_PREFIX = temp_prefix(MANIFEST_NAME)  # write_atomic's temporary file, skipped by the scan
+_MANIFEST_TEMP_SUFFIX = TEMP_SUFFIX
 _STEP_DIR = re.compile(r"global_step_([0-9]+)")
 _TRACKER_MAX_BYTES = 64  # a step number is a few digits; anything longer is not a tracker we trust
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -272,19 +272,8 @@ def write_manifest(step_dir: str | os.PathLike) -> Path:
         "skipped": [{"path": rel, "reason": reason} for rel, reason in sorted(scan.skipped.items())],
     }
     target = root / MANIFEST_NAME
-    fd, temp = tempfile.mkstemp(dir=root, prefix=_MANIFEST_TEMP_PREFIX, suffix=_MANIFEST_TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them the manifest
-        os.chmod(temp, 0o644)  # mkstemp makes it 0600; the manifest is for anyone who can read the checkpoint
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)  # no half-written temp file left behind
-        raise
+    # world-readable: the manifest is for anyone who can read the checkpoint
+    write_atomic(target, json.dumps(doc, indent=1) + "\n", mode=0o644)
     return target
 
 

@@ -6,11 +6,10 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 
 from . import __version__
+from .shutdown import stop_event
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
@@ -68,9 +67,9 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--control-file-mode", metavar="OCTAL",
                    help="permissions of the control file (default 0644, so that a trainer running as another "
                         "user can read it; it holds requests, never the token)")
-    from .collectors import load_all
+    from .collectors import REGISTRY
 
-    for name, cls in sorted(load_all().items()):
+    for name, cls in sorted(REGISTRY.items()):
         g.add_argument(f"--collector.{name}", dest=f"collector__{name}", action=argparse.BooleanOptionalAction,
                        default=None, help=f"{cls.description} (default {'on' if cls.default_enabled else 'off'})")
 
@@ -159,14 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stop_event() -> threading.Event:
-    """Set by SIGINT/SIGTERM. Installed before anything starts, so an early signal still stops cleanly."""
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    return done
-
-
 def cmd_serve(args) -> int:
     from .config import ConfigError, build_config, read_config_file
     from .httpserver import ListenError
@@ -177,7 +168,7 @@ def cmd_serve(args) -> int:
     toggles = {k.split("__", 1)[1]: flags.pop(k) for k in list(flags) if k.startswith("collector__")}
     if any(v is not None for v in toggles.values()):
         flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
-    done = _stop_event()
+    done = stop_event()
     try:
         config = build_config(read_config_file(args.config), flags, origin=args.config or "flags")
         sidecar = Sidecar(config)

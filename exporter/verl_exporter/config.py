@@ -145,11 +145,11 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
         problems.append("collectors must map collector names to true/false")
         collectors = {}
     else:
-        from .collectors import load_all
+        from .collectors import REGISTRY
 
-        unknown = sorted(set(collectors) - set(load_all()))
+        unknown = sorted(set(collectors) - set(REGISTRY))
         if unknown:
-            problems.append(f"unknown collector(s) {unknown}; known: {sorted(load_all())}")
+            problems.append(f"unknown collector(s) {unknown}; known: {sorted(REGISTRY)}")
     merged["collectors"] = dict(collectors)
     watch = merged.get("watch_paths") or ()
     if isinstance(watch, str) or not all(isinstance(p, str) for p in watch):

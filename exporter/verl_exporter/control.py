@@ -20,17 +20,18 @@ and tries again at every step, so a fixed permission still delivers the request.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import os
 import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-log = logging.getLogger("verl_exporter")
+from .atomicfile import write_atomic
+from .auth import bearer_token_ok
+
+log = logging.getLogger(__name__)
 
 ACTIONS = ("checkpoint", "stop")
 MAX_BODY = 4096
@@ -117,15 +118,7 @@ class ControlState:
 
     def _write(self, state: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".control-", dir=str(self.path.parent))
-        try:
-            os.fchmod(fd, self.mode)  # mkstemp makes it 0600: unreadable to a trainer under another uid
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(state, f, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, json.dumps(state, sort_keys=True), mode=self.mode)
 
 
 class ControlReader:
@@ -198,8 +191,10 @@ class ControlReader:
         message = f"cannot read the control file {self.path}: {why}; checkpoint/stop requests are not seen"
         now = self._clock()
         if self._last_logged is None or now - self._last_logged >= self.LOG_EVERY_S:
+            first = self._last_logged is None  # the traceback once; repeats are one line
             self._last_logged = now
-            log.warning("verl-exporter: %s (%d failed reads so far)", message, self.read_failures)
+            log.warning("verl-exporter: %s (%d failed reads so far)", message, self.read_failures,
+                        exc_info=error if first else None)
         if self._on_error is not None:
             with contextlib.suppress(Exception):  # a counter must never break the trainer's step
                 self._on_error(message)
@@ -216,7 +211,7 @@ class ControlReader:
         return self._stop
 
 
-def make_control_app(state: ControlState, token: str, on_request, self_metrics):
+def make_control_app(state: ControlState, token: str, self_metrics):
     """WSGI handler for /control/<action>; returns None for paths it does not own."""
 
     def handle(environ, start_response):
@@ -236,8 +231,7 @@ def make_control_app(state: ControlState, token: str, on_request, self_metrics):
             return reply("405 Method Not Allowed", {"error": "use POST"}, "bad_request")
         if action not in ACTIONS:
             return reply("404 Not Found", {"error": f"unknown action; use one of {list(ACTIONS)}"}, "bad_request")
-        given = environ.get("HTTP_AUTHORIZATION", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        if not bearer_token_ok(environ.get("HTTP_AUTHORIZATION"), token):
             return reply("401 Unauthorized", {"error": "missing or wrong bearer token"}, "unauthorized")
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -259,7 +253,6 @@ def make_control_app(state: ControlState, token: str, on_request, self_metrics):
                          "failed")
         log.warning("control: %s requested%s (%s)", action, f" because {reason}" if reason else "",
                     "applied" if changed else "already requested")
-        on_request(action, changed)
         return reply("200 OK", {"action": action, "applied": changed, "state": new_state},
                      "accepted" if changed else "repeated")
 

@@ -8,15 +8,14 @@ that a real sidecar follows, exactly as in production.
 from __future__ import annotations
 
 import json
-import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from .config import ServeConfig
 from .httpserver import ListenError
 from .replay import Fault, simulate
+from .shutdown import stop_event
 from .sidecar import Sidecar
 
 DEMO_FAULT = Fault("grad_explosion", at=230)
@@ -63,9 +62,7 @@ Try, in another terminal:
 The run has an injected fault: the actor's gradient norm explodes, then is NaN (null in verl's log) at
 steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_values_total count them.
 """)
-    done = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    done = stop_event()
     interval = 1.0 / rate
     with open(log_path, "wb", buffering=0) as f:  # like verl's FileLogger
         for line in lines:

@@ -1,4 +1,4 @@
-"""Fast text exposition for families whose series are stable between scrapes (the collectors' samples).
+"""Fast text exposition for series that are stable between scrapes (the training store's, the collectors').
 
 client_python renders every sample through generic code on each scrape; with 8 GPUs (over a thousand
 series) that alone made a scrape slower than node_exporter's. Series keys barely change between
@@ -65,8 +65,8 @@ def _escape_help(text: str, openmetrics: bool) -> str:
     return text.replace('"', r"\"") if openmetrics else text
 
 
-class FamilyRenderer:
-    """Renders (spec entry, {label values: value}) families with cached headers and series prefixes."""
+class TextRenderer:
+    """Renders [(spec entry, {label values: value})] with cached HELP/TYPE headers and series prefixes."""
 
     def __init__(self, const_labels: Mapping[str, str] | None = None):
         self._const = dict(const_labels or {})
@@ -96,10 +96,10 @@ class FamilyRenderer:
             self._prefixes[(metric.name, key)] = cached
         return cached
 
-    def render(self, families: Iterable[tuple[MetricSpec, Mapping[tuple[str, ...], float]]],
+    def render(self, series: Iterable[tuple[MetricSpec, Mapping[tuple[str, ...], float]]],
                openmetrics: bool = False) -> str:
         out: list[str] = []
-        for metric, rows in families:
+        for metric, rows in series:
             out.append(self._header(metric, openmetrics))
             for key, value in sorted(rows.items()):
                 out.append(self._prefix(metric, key))

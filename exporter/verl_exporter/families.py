@@ -1,4 +1,6 @@
-"""Build a client_python metric family for a spec entry: the one place samples become exposition."""
+"""Build a client_python metric family (name, help, type and samples) for a spec entry: what the sidecar's and
+the relay's own counters give client_python's registry. (The training store's and the collectors' series are
+rendered by exposition.TextRenderer instead.)"""
 
 from __future__ import annotations
 

@@ -18,12 +18,12 @@ name would push the exposed one aside (exported_rank).
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import tempfile
 import threading
 from pathlib import Path
+
+from .atomicfile import write_atomic
 
 DEFAULT_REFRESH_S = 60.0
 
@@ -44,17 +44,9 @@ class FileSdRegistration:
         self.errors = 0
 
     def write(self) -> None:
-        """Write the registration atomically (temp file in the same directory, then rename)."""
+        """Write the registration atomically; world-readable, as Prometheus may run as another user."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".verl-", suffix=".tmp", dir=str(self.dir))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self._doc, f)
-            os.chmod(tmp, 0o644)  # Prometheus may run as another user
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, json.dumps(self._doc), mode=0o644)
 
     def start(self, on_error=None) -> FileSdRegistration:
         self.write()

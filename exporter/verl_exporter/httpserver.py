@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 BACKLOG = 512  # the kernel caps it at net.core.somaxconn
 WORKERS = 8  # apps running at once: rendering is CPU-bound, so more only share the GIL thinner

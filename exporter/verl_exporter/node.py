@@ -19,6 +19,7 @@ import time
 
 from .config import DEFAULT_PORT
 from .server import parse_listen
+from .shutdown import stop_event
 
 # Flags (and whether they take a value) that only local rank 0 gets.
 RANK0_ONLY = {"--verl-log": True, "--checkpoint-dir": True, "--checkpoint-verify": False,
@@ -59,7 +60,7 @@ class Supervisor:
         self._next_start = [0.0] * len(argvs)
         self._started = [0.0] * len(argvs)
         self._clock = clock
-        self._stop = threading.Event()
+        self.stopping = threading.Event()  # set by stop() or by SIGINT/SIGTERM
 
     def start(self, i: int) -> None:
         self.procs[i] = subprocess.Popen(self.argvs[i])
@@ -78,7 +79,7 @@ class Supervisor:
     def run(self, poll: float = 0.5) -> int:
         for i in range(len(self.argvs)):
             self.start(i)
-        while not self._stop.wait(poll):
+        while not self.stopping.wait(poll):
             now = self._clock()
             for i, p in enumerate(self.procs):
                 if p is not None and p.poll() is None:
@@ -93,8 +94,8 @@ class Supervisor:
                     self.start(i)
         return self.shutdown()
 
-    def stop(self, *_) -> None:
-        self._stop.set()
+    def stop(self) -> None:
+        self.stopping.set()
 
     def shutdown(self) -> int:
         for p in self.procs:
@@ -144,6 +145,5 @@ def run(args) -> int:
         return 2
     common, rank0 = split_rank0_only(passthrough)
     sup = Supervisor([child_argv(i, offset, host, port, common, rank0) for i in range(args.ranks)])
-    signal.signal(signal.SIGTERM, sup.stop)
-    signal.signal(signal.SIGINT, sup.stop)
+    stop_event(sup.stopping)
     return sup.run()

@@ -394,7 +394,7 @@ def _sample(store: TrainingStore, samples: Samples, m: int, run: str, instance: 
     base = (("job", JOB), ("instance", instance), ("run", run), ("rank", RANK))
     up = ("up", (("job", JOB), ("instance", instance)))
     samples.series.setdefault(up, []).append(1.0)
-    for metric, rows in store.families():
+    for metric, rows in store.series():
         if metric.name.startswith("verl_unmapped_"):
             continue  # no rule reads them
         for values, value in rows.items():

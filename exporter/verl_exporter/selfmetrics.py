@@ -1,12 +1,14 @@
 """The sidecar's own health: counters and gauges declared in the spec with ``collector: exporter``.
 
-Every problem anywhere in the sidecar goes through ``problem()``: it is counted and logged, at most once a
-minute per component and kind, and never raised into the caller.
+Every problem anywhere in the sidecar goes through ``problem()``: it is counted and logged, and never raised
+into the caller. Per component and kind, the first occurrence is logged with its traceback (when it comes
+from an exception); repeats are one line each, at most once a minute.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -14,7 +16,7 @@ from . import __version__
 from .families import family
 from .spec import Spec
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 _LOG_EVERY_S = 60.0
 
@@ -65,10 +67,13 @@ class SelfMetrics(SpecSeries):
         self._last_logged: dict[tuple[str, str], float] = {}
         self.set("verl_exporter_build_info", 1, version=__version__)
 
-    def problem(self, component: str, kind: str, message: str, count: bool = True) -> None:
+    def problem(self, component: str, kind: str, message: str, count: bool = True,
+                error: BaseException | None = None) -> None:
         """Count a problem of a component and log it, rate-limited per (component, kind).
 
-        count=False for problems that have a counter of their own (rejected lines): log only.
+        The first one of a (component, kind) carries the traceback of error, or of the exception being
+        handled when called from an ``except`` block; later ones are one line. count=False for problems
+        that have a counter of their own (rejected lines): log only.
         """
         if count:
             self.inc("verl_exporter_source_errors_total", component=component)
@@ -76,4 +81,6 @@ class SelfMetrics(SpecSeries):
         last = self._last_logged.get((component, kind))
         if last is None or now - last >= _LOG_EVERY_S:
             self._last_logged[(component, kind)] = now
-            log.warning("%s: %s", component, message)
+            first = last is None
+            exc = (error or sys.exc_info()[1]) if first else None
+            log.warning("%s: %s", component, message, exc_info=exc)

@@ -20,7 +20,7 @@ from .selfmetrics import SelfMetrics
 
 __all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "metrics_app", "parse_listen"]
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 _INDEX = """<!doctype html><html><head><title>verl-exporter</title></head><body>
 <h1>verl-exporter</h1><p>{summary}</p>

@@ -21,7 +21,7 @@ from .spec import Spec
 from .spec.overrides import load_effective_spec
 from .store import TrainingStore
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 
 class Sidecar:
@@ -113,7 +113,7 @@ class Sidecar:
         summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={rank})."
         handlers = []
         if self.control:
-            handlers.append(make_control_app(self.control, self._control_token, lambda *_: None, self.self_metrics))
+            handlers.append(make_control_app(self.control, self._control_token, self.self_metrics))
         handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
                        renderers=[self.store.render, self.sampler.render])

@@ -1,7 +1,7 @@
 """The latest training values, fed by the sources and read by the scrape.
 
-``ingest()`` takes one logged step (verl's ``data`` dict) and maps each key through the spec; ``collect()``
-copies the values under a short lock and builds the metric families outside it, so a scrape never waits
+``ingest()`` takes one logged step (verl's ``data`` dict) and maps each key through the spec; ``render()``
+copies the values under a short lock (``series()``) and renders the text outside it, so a scrape never waits
 on a source for longer than one copy and a source never waits on a slow scraper.
 """
 
@@ -14,8 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .detect import Detectors
-from .exposition import FamilyRenderer
-from .families import family
+from .exposition import TextRenderer
 from .mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH, KeyMapper, Resolved, unmapped_name
 from .selfmetrics import SelfMetrics
 from .spec import MetricSpec, Spec
@@ -102,7 +101,7 @@ class TrainingStore:
         self._step_time_metric = spec.with_field("step_time")
         self._nonfinite_metric = spec.with_field("nonfinite")
         self._unmapped_specs: dict[str, MetricSpec] = {}
-        self._renderer = FamilyRenderer(self._const)
+        self._renderer = TextRenderer(self._const)
         # Step-domain baselines of the spec's adaptive signals, exported as verl_detector_* gauges.
         self.detectors = Detectors.from_spec(spec)
 
@@ -255,8 +254,8 @@ class TrainingStore:
             entry = self._unmapped.get(name)
             return entry[1] if entry else None
 
-    def families(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
-        """A consistent copy of every family, taken under the lock; built into text outside it."""
+    def series(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
+        """A consistent copy of every metric's series, taken under the lock; rendered into text outside it."""
         with self._lock:
             series = {name: dict(values) for name, values in self._series.items()}
             unmapped = dict(self._unmapped)
@@ -284,9 +283,5 @@ class TrainingStore:
             self._unmapped_specs[name] = metric
         return metric
 
-    def collect(self):
-        for metric, rows in self.families():
-            yield family(metric, rows, self._const)
-
     def render(self, openmetrics: bool = False) -> str:
-        return self._renderer.render(self.families(), openmetrics)
+        return self._renderer.render(self.series(), openmetrics)

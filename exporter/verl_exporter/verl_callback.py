@@ -28,7 +28,7 @@ import time
 from .checkpoint_manifest import write_manifest
 from .control import default_control_file
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 try:  # a subclass of verl's own base class when verl is here, so verl's type checks and future hooks apply
     from verl.trainer.ppo.checkpoint_callback import CheckpointCallback as _CallbackBase

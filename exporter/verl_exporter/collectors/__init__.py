@@ -1,29 +1,14 @@
-"""Resource collectors, one per file, each registered here by name (node_exporter's layout).
+"""Resource collectors, one per file, each registered by name when its module is imported (node_exporter's
+layout: a collector's file calls register, and the package imports every file).
 
 A collector samples on its own thread at the sampler's cadence; a scrape only reads the latest samples.
-Adding a collector touches one file: define the class with @register, and import the module in
-``_MODULES`` below so that the registry sees it.
+Adding a collector touches one file, and the import below: define the class with @register, and import its
+module here. REGISTRY then names it, and the CLI has its --collector.<name> flag.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from . import checkpoint, disk, filesystem, gpu, gpu_processes, host, network, nvlink, pressure, xid  # noqa: F401
 from .base import REGISTRY, Collector, Context, Sample, Unavailable, register
 
-__all__ = ["REGISTRY", "Collector", "Context", "Sample", "Unavailable", "register", "load_all"]
-
-# Modules imported lazily by load_all(), so that importing the package starts and imports nothing heavy.
-_MODULES = ("gpu", "nvlink", "xid", "gpu_processes", "host", "pressure", "disk", "filesystem", "network",
-            "checkpoint")
-
-
-def load_all() -> dict[str, type[Collector]]:
-    """Import every collector module (a missing one is skipped) and return the registry."""
-    for name in _MODULES:
-        try:
-            importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-    return REGISTRY
+__all__ = ["REGISTRY", "Collector", "Context", "Sample", "Unavailable", "register"]

@@ -50,7 +50,7 @@ from ..checkpoint_manifest import (
 )
 from .base import Collector, Context, Sample, Unavailable, register
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 _VERIFIED = "verl_checkpoint_manifest_verified"
 _ACTIVITY_DEPTH = 2  # global_step_N/actor/dist_ckpt is as deep as verl creates folders during a save

@@ -1,28 +1,27 @@
-"""Block device load from {procfs}/diskstats (psutil lacks the weighted time and the in-flight count).
+"""Block device counters from {procfs}/diskstats (psutil lacks the weighted I/O time).
 
 Columns after ``major minor name`` (Documentation/admin-guide/iostats.rst): 1 reads completed, 2 reads merged,
 3 sectors read, 4 ms reading, 5 writes completed, 6 writes merged, 7 sectors written, 8 ms writing,
 9 I/Os in flight, 10 ms doing I/O, 11 weighted ms doing I/O; Linux 4.18 adds 4 discard columns and 5.5 two
 flush columns, which are not used. A sector here is always 512 bytes, whatever the device's block size.
 
-Per whole device (partitions, loop, ram, zram, floppy and optical drives skipped; dm-* and md* kept), over the
-period since the previous sample:
-  busy ratio   = delta ms doing I/O / delta wall ms, capped at 1 (the two clocks are read at different instants)
-  queue depth  = delta weighted ms / delta wall ms (node-mixin's "saturation")
-  await        = delta ms reading (writing) / delta reads (writes) completed, in seconds; 0 when none completed
-                 in the period, so that the series does not blink in and out on an idle disk
-and the byte counters (sectors x 512) from the first sample on. The first sample only sets the baseline for
-the ratios. A column that went backwards (a device re-created under the same name, or a 32-bit counter that
-wrapped) skips that device's ratios for one period; a period of zero or less (the clock stepped back) skips
-all of them.
+Per whole device (partitions, loop, ram, zram, floppy and optical drives skipped; dm-* and md* kept), the
+kernel's counters as they are, in base units, with node_exporter's meaning (node_disk_*):
+  verl_host_disk_io_time_seconds_total           ms doing I/O / 1000          node_disk_io_time_seconds_total
+  verl_host_disk_io_time_weighted_seconds_total  weighted ms / 1000           node_disk_io_time_weighted_seconds_total
+  verl_host_disk_operations_completed_total{op}  reads (writes) completed     node_disk_{reads,writes}_completed_total
+  verl_host_disk_operation_time_seconds_total{op} ms reading (writing) / 1000 node_disk_{read,write}_time_seconds_total
+  verl_host_disk_bytes_total{op}                 sectors read (written) x 512 node_disk_{read,written}_bytes_total
+The busy ratio, queue depth and await are rate()s of these, in the generated recording rules: over the whole
+scrape interval, where a ratio computed here would only see the sampler's last interval. A counter that goes
+back (a device re-created under the same name, a 32-bit counter that wrapped) is a reset to rate().
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-from .base import Collector, Context, Sample, register
+from .base import Collector, Sample, register
 
 # Partitions and pseudo devices, after node_exporter's default --collector.diskstats.device-exclude.
 IGNORED_DEVICES = re.compile(r"^(z?ram\d+|loop\d+|fd\d+|sr\d+|(h|s|v|xv)d[a-z]+\d+|nvme\d+n\d+p\d+|mmcblk\d+p\d+)$")
@@ -33,48 +32,28 @@ _WRITES, _SECTORS_WRITTEN, _MS_WRITING = 4, 6, 7
 _MS_IO, _WEIGHTED_MS = 9, 10
 _COLUMNS_USED = 11
 _SECTOR_BYTES = 512
+_MS_PER_S = 1000.0
+_BY_OP = (("read", _READS, _SECTORS_READ, _MS_READING), ("write", _WRITES, _SECTORS_WRITTEN, _MS_WRITING))
 
 
 @register
 class DiskCollector(Collector):
     name = "disk"
     per_node = True
-    description = "per-device busy ratio, queue depth, await and bytes from /proc/diskstats"
-
-    def __init__(self, ctx: Context):
-        super().__init__(ctx)
-        # device -> its columns at the previous sample; rebuilt from each read, so a vanished device is forgotten
-        self._previous: dict[str, list[int]] = {}
-        self._previous_time: float | None = None
+    description = "per-device I/O time, weighted I/O time, operations and bytes from /proc/diskstats"
 
     def sample(self) -> list[Sample]:
-        now = self.ctx.clock()
-        current = self._read()
-        previous, previous_time = self._previous, self._previous_time
-        self._previous, self._previous_time = current, now
-        period_ms = (now - previous_time) * 1000.0 if previous_time is not None else 0.0
         out: list[Sample] = []
-        for device, columns in current.items():
-            out.append(("verl_host_disk_bytes_total", {"device": device, "op": "read"},
-                        columns[_SECTORS_READ] * _SECTOR_BYTES))
-            out.append(("verl_host_disk_bytes_total", {"device": device, "op": "write"},
-                        columns[_SECTORS_WRITTEN] * _SECTOR_BYTES))
-            before = previous.get(device)
-            if before is not None and period_ms > 0:
-                out.extend(self._ratios(device, before, columns, period_ms))
+        for device, columns in self._read().items():
+            labels = {"device": device}
+            out.append(("verl_host_disk_io_time_seconds_total", labels, columns[_MS_IO] / _MS_PER_S))
+            out.append(("verl_host_disk_io_time_weighted_seconds_total", labels, columns[_WEIGHTED_MS] / _MS_PER_S))
+            for op, ops, sectors, ms in _BY_OP:
+                by_op = {"device": device, "op": op}
+                out.append(("verl_host_disk_operations_completed_total", by_op, columns[ops]))
+                out.append(("verl_host_disk_operation_time_seconds_total", by_op, columns[ms] / _MS_PER_S))
+                out.append(("verl_host_disk_bytes_total", by_op, columns[sectors] * _SECTOR_BYTES))
         return out
-
-    @staticmethod
-    def _ratios(device: str, before: list[int], after: list[int], period_ms: float) -> Iterator[Sample]:
-        delta = [a - b for a, b in zip(after, before, strict=True)]
-        if any(d < 0 for d in delta):
-            return
-        labels = {"device": device}
-        yield "verl_host_disk_busy_ratio", labels, min(1.0, delta[_MS_IO] / period_ms)
-        yield "verl_host_disk_queue_depth", labels, delta[_WEIGHTED_MS] / period_ms
-        for op, ops, ms in (("read", _READS, _MS_READING), ("write", _WRITES, _MS_WRITING)):
-            await_s = delta[ms] / delta[ops] / 1000.0 if delta[ops] else 0.0
-            yield "verl_host_disk_await_seconds", {"device": device, "op": op}, await_s
 
     def _read(self) -> dict[str, list[int]]:
         devices: dict[str, list[int]] = {}

@@ -1,8 +1,12 @@
 """Host CPU, load and memory from {procfs}/stat, loadavg and meminfo; the trainer's resident memory via psutil.
 
-CPU ratios are deltas of the aggregate ``cpu`` line of /proc/stat between two samples, so the first sample
-after start emits none. Following node-mixin, a CPU counts as busy when it is in none of idle, iowait or
-steal; guest and guest_nice are left out because the kernel already counts them in user and nice.
+CPU time is exported as the kernel counts it: the aggregate ``cpu`` line of /proc/stat (all CPUs summed) as
+verl_host_cpu_seconds_total{mode}, node_exporter's node_cpu_seconds_total without the cpu label. Ratios
+(utilisation, iowait) are rate()s over the counter, in the generated recording rules, so that every second
+between two scrapes counts and not only the sampler's last interval. guest and guest_nice are left out:
+the kernel already counts them in user and nice. iowait may go backwards (proc(5)); like node_exporter,
+each mode is kept monotonic (a smaller reading repeats the previous value), so that rate() does not take a
+small step back for a counter reset.
 
 The trainer's memory is the RSS of --trainer-pid plus all its descendants, summed (shared pages are counted
 once per process, so this over-states what a kill would free). Listing the descendants means reading every
@@ -13,6 +17,7 @@ Under Ray, verl's workers are children of the raylet, not of the driver, so only
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import psutil
@@ -21,7 +26,11 @@ from .base import Collector, Context, Sample, register
 
 # /proc/stat cpu columns: user nice system idle iowait irq softirq steal [guest guest_nice]
 _CPU_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-_NOT_BUSY = ("idle", "iowait", "steal")
+# /proc/stat counts in USER_HZ ticks (100 on every Linux architecture that matters; node_exporter assumes it).
+try:
+    USER_HZ = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError, AttributeError):
+    USER_HZ = 100
 _LOAD_PERIODS = ("1m", "5m", "15m")
 _KIB = 1024
 CHILDREN_REFRESH_S = 30.0
@@ -30,11 +39,11 @@ CHILDREN_REFRESH_S = 30.0
 @register
 class HostCollector(Collector):
     name = "host"
-    description = "host CPU utilisation and iowait, load average, memory, and the trainer's resident memory"
+    description = "host CPU time by mode, load average, memory, and the trainer's resident memory"
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self._previous_cpu: dict[str, int] | None = None
+        self._cpu_ticks: dict[str, int] = {}  # the largest value seen per mode: what is exported
         self._trainer: psutil.Process | None = None
         self._children: list[psutil.Process] = []
         self._children_listed_at: float | None = None
@@ -53,17 +62,12 @@ class HostCollector(Collector):
     # ------------------------------------------------------------------ CPU
     def _cpu(self) -> Iterator[Sample]:
         current = self._read_cpu_line()
-        previous, self._previous_cpu = self._previous_cpu, current
-        if previous is None or current is None:
+        if current is None:
             return
-        # iowait may go backwards (proc(5)); a negative column counts as no time spent rather than failing.
-        delta = {k: max(0, current[k] - previous[k]) for k in _CPU_COLUMNS}
-        total = sum(delta.values())
-        if total <= 0:  # no tick elapsed, or CPUs went offline and the aggregate shrank
-            return
-        busy = total - sum(delta[k] for k in _NOT_BUSY)
-        yield "verl_host_cpu_utilization_ratio", {}, busy / total
-        yield "verl_host_cpu_iowait_ratio", {}, delta["iowait"] / total
+        for mode in _CPU_COLUMNS:
+            ticks = max(current[mode], self._cpu_ticks.get(mode, 0))
+            self._cpu_ticks[mode] = ticks
+            yield "verl_host_cpu_seconds_total", {"mode": mode}, ticks / USER_HZ
 
     def _read_cpu_line(self) -> dict[str, int] | None:
         with open(f"{self.ctx.procfs}/stat") as f:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .base import Context, Unavailable
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 UINT_MAX = 0xFFFFFFFF
 

@@ -3,7 +3,7 @@
 Each collector has its own daemon thread, so one that hangs (a stat on a dead NFS mount, a wedged GPU)
 holds up nobody else: its samples go stale, and the age of
 verl_exporter_collector_last_success_timestamp_seconds{collector} shows it. A scrape never calls NVML or
-touches a file system: it copies the latest samples and builds families from the spec.
+touches a file system: it copies the latest samples and renders them as the spec declares them.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import threading
 import time
 from collections.abc import Iterable
 
-from ..exposition import FamilyRenderer
-from ..families import family
+from ..exposition import TextRenderer
 from ..selfmetrics import SelfMetrics
 from ..spec import MetricSpec, Spec
 from .base import Collector
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_SLOW_INTERVAL_S = 30.0
@@ -33,7 +32,7 @@ class Sampler:
         self._spec = spec
         self._self = self_metrics
         self._const = dict(const_labels or {})
-        self._renderer = FamilyRenderer(self._const)
+        self._renderer = TextRenderer(self._const)
         self._interval = interval
         self._slow_interval = slow_interval
         # collector name -> (fast rows, slow rows, both merged under the caps) as {metric: {label values: value}};
@@ -133,28 +132,24 @@ class Sampler:
         return by_metric
 
     # ------------------------------------------------------------------ scrape side
-    def families(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
+    def series(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
         """The latest samples of every collector, grouped by spec entry and capped by its max_series."""
         # Each spec entry belongs to one collector, so this merge finds nothing new to drop; it counts nothing.
         by_metric = self._capped(*(merged for _, _, merged in list(self._latest.values())), count=False)
         return [(self._spec[name], by_metric[name]) for name in sorted(by_metric)]
 
-    def collect(self):
-        for metric, rows in self.families():
-            yield family(metric, rows, self._const)
-
     def render(self, openmetrics: bool = False) -> str:
         """The exposition text of the latest samples (what a scrape serves; see exposition.py)."""
-        return self._renderer.render(self.families(), openmetrics)
+        return self._renderer.render(self.series(), openmetrics)
 
 
 def build_collectors(enabled: dict[str, bool], ctx) -> list[Collector]:
     """Instantiate the enabled collectors; one whose source is absent here is skipped with one log line."""
-    from . import Unavailable, load_all
+    from . import REGISTRY, Unavailable
 
     out = []
     off: dict[str, list[str]] = {}  # reason -> collectors, so that one missing driver is one log line
-    for name, cls in sorted(load_all().items()):
+    for name, cls in sorted(REGISTRY.items()):
         if not enabled.get(name, cls.default_enabled):
             continue
         if cls.per_node and ctx.local_rank not in (None, 0) and enabled.get(name) is not True:

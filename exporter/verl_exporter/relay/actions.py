@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .nofollow import OPENER
 
-log = logging.getLogger("verl_exporter.relay")
+log = logging.getLogger(__name__)
 
 ACTIONS = ("checkpoint", "stop")
 ACTION_KEYS = {"matchers", "action", "url", "token_env", "token_file", "cooldown_seconds"}
@@ -52,7 +52,7 @@ class Action:
         return [self.token.reveal()] if self.token is not None and self.token.reveal() else []
 
 
-def parse_actions(loader, raw, matcher_factory) -> tuple[Action, ...]:
+def parse_actions(loader, raw) -> tuple[Action, ...]:
     """Check the `actions:` list (problems go to the loader's list, naming the action)."""
     if raw is None:
         return ()
@@ -70,7 +70,7 @@ def parse_actions(loader, raw, matcher_factory) -> tuple[Action, ...]:
         url = str(item.get("url", ""))
         if not url.startswith(("http://", "https://")):
             loader.problems.append(f"{where}: url must be the sidecar's http(s)://HOST:PORT")
-        matchers = matcher_factory(where, item.get("matchers"))
+        matchers = loader.matchers(where, item.get("matchers"))
         if not matchers:
             loader.problems.append(f"{where}: matchers must select the alerts (e.g. {{alertname: VerlX}})")
         token = loader.secret(where, item, "token", required=True)

@@ -8,12 +8,13 @@ POST /alert/<receiver> answers fast and never waits on a robot: the alerts are q
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import re
+import sys
 import threading
 
+from ..auth import bearer_token_ok
 from ..httpserver import HttpServer
 from ..server import metrics_app
 from .actions import ActionRunner
@@ -23,7 +24,7 @@ from .metrics import RelayMetrics
 from .payload import PayloadError, parse_payload
 from .senders import Sender, scrub
 
-log = logging.getLogger("verl_exporter.relay")
+log = logging.getLogger(__name__)
 
 _PATH_RE = re.compile(r"^/alert/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/?$")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
@@ -125,11 +126,7 @@ class RelayApp:
         token = self.config.bearer_token
         if token is None:
             return True
-        header = environ.get("HTTP_AUTHORIZATION", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(given.strip().encode(), token.reveal().encode())
+        return bearer_token_ok(environ.get("HTTP_AUTHORIZATION"), token.reveal())
 
     def _health(self, start_response):
         targets = {}
@@ -158,6 +155,16 @@ def _json(start_response, code: int, body: dict):
     start_response(f"{code} {_REASONS.get(code, '')}",
                    [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return [data]
+
+
+def relay_loggers() -> list[logging.Logger]:
+    """The relay package's logger and every relay module's own (getLogger(__name__)), also of the modules that
+    have not logged yet: a logger's filter does not see what its children log, so the scrub filter goes on
+    each of them."""
+    package = __name__.rpartition(".")[0]
+    names = {n for n in [*sys.modules, *logging.Logger.manager.loggerDict]
+             if n == package or n.startswith(package + ".")}
+    return [logging.getLogger(n) for n in sorted(names)]
 
 
 class _ScrubFilter(logging.Filter):
@@ -189,6 +196,7 @@ class Relay:
         self.app = RelayApp(config, self.dispatcher, self.metrics, self.actions)
         self._listen = listen or config.listen
         self._filter = _ScrubFilter(config.secrets())
+        self._scrubbed: list[logging.Logger] = []
         self._server: HttpServer | None = None
         self._stopped = threading.Event()
 
@@ -198,7 +206,9 @@ class Relay:
         return self._server.url
 
     def start(self) -> Relay:
-        log.addFilter(self._filter)
+        self._scrubbed = relay_loggers()  # every relay module is imported by now
+        for logger in self._scrubbed:
+            logger.addFilter(self._filter)
         self.dispatcher.load_spool()
         self.dispatcher.start()
         self._server = HttpServer(self.app, self._listen, on_problem=self._http_problem).start()
@@ -224,5 +234,6 @@ class Relay:
         self.dispatcher.spool(left)
         if self._server is not None:
             self._server.stop()
-        log.removeFilter(self._filter)
+        for logger in self._scrubbed:
+            logger.removeFilter(self._filter)
         return {t: len(items) for t, items in left.items()}

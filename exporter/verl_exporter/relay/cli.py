@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 
 DESCRIPTION = ("Relay Alertmanager webhooks (POST /alert/<receiver>) to DingTalk and WeCom group robots, "
                "within their rate and size limits. Also serves /healthz and /metrics.")
@@ -36,6 +34,7 @@ def _flags(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..httpserver import ListenError, parse_listen
+    from ..shutdown import stop_event
     from .app import Relay
     from .config import RelayConfigError, load_config
     from .journal import SpoolError, check_spool_dir
@@ -67,6 +66,7 @@ def run(args) -> int:
             print(f"route {i}: {cond} -> {list(r.targets) or 'nowhere'}{' (continue)' if r.continue_ else ''}")
         print("config ok")
         return 0
+    done = stop_event()  # before the start: an early SIGTERM still stops cleanly
     relay = Relay(config, listen=args.listen)
     try:
         relay.start()
@@ -80,12 +80,9 @@ def run(args) -> int:
         why = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
         print(f"verl-exporter relay: cannot start: {why}", file=sys.stderr)
         return 2
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
     left = relay.stop()
-    logging.getLogger("verl_exporter.relay").info("relay stopped; %d alert(s) left over", sum(left.values()))
+    logging.getLogger(__name__).info("relay stopped; %d alert(s) left over", sum(left.values()))
     return 0
 
 

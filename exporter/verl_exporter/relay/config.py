@@ -515,7 +515,7 @@ def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] |
         problems.append("routes must be a non-empty list of {receivers | matchers, targets, continue}")
         raw_routes = []
     routes = [loader.route(i, raw, raw_targets) for i, raw in enumerate(raw_routes)]
-    actions = parse_actions(loader, doc.get("actions"), loader.matchers)
+    actions = parse_actions(loader, doc.get("actions"))
     if problems:
         raise RelayConfigError(problems, origin)
     return RelayConfig(targets=targets, routes=tuple(r for r in routes if r is not None), listen=str(listen),

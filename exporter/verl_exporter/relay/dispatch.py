@@ -24,14 +24,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..atomicfile import write_atomic
 from .config import RelayConfig, Target, zone
 from .format import Message, pack
-from .journal import Journal, SpoolError, write_private
+from .journal import Journal, SpoolError
 from .metrics import RelayMetrics
 from .payload import Alert, parse_alert
 from .senders import Sender, make_sender
 
-log = logging.getLogger("verl_exporter.relay")
+log = logging.getLogger(__name__)
 
 # Alerts considered per message: enough to fill the biggest message in one-line form, cheap to render.
 MAX_BATCH = 400
@@ -93,7 +94,6 @@ class TargetWorker:
         self.metrics = metrics
         self.delivery = config.delivery
         self.tz = zone(config.timezone)
-        self.policy = self.delivery  # the retry policy is part of the delivery settings
         self.limiter = RateLimiter(target.rate_per_minute, self.delivery.rate_window_seconds)
         self._pending: deque[Queued] = deque()
         self._by_key: dict[str, Queued] = {}
@@ -266,9 +266,9 @@ class TargetWorker:
                 self.limiter.saturate()
                 if self.journal is not None:
                     self.journal.saturated(name, time.time())
-            if self.policy.should_retry(result, attempt, time.monotonic() - started):
+            if self.delivery.should_retry(result, attempt, time.monotonic() - started):
                 self.metrics.inc("verl_relay_messages_total", target=name, result="retried")
-                backoff = self.policy.backoff(attempt)
+                backoff = self.delivery.backoff(attempt)
                 log.warning("target %s: attempt %d of a message of %d alert(s) failed, retrying in %.1fs: %s",
                             name, attempt, len(batch), backoff, result.detail)
                 if not self._wait(backoff):
@@ -378,7 +378,7 @@ class Dispatcher:
         path = spool_dir / f"{SPOOL_PREFIX}{stamp}-{os.getpid()}.json"
         try:
             spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_private(path, json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+            write_atomic(path, json.dumps(doc, ensure_ascii=False), mode=0o600)
         except OSError as e:
             self.metrics.inc("verl_relay_spool_errors_total", operation="write")
             if self.journal is not None:

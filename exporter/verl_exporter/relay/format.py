@@ -300,7 +300,6 @@ class Message:
     payload: dict
     body: bytes
     alerts: int  # how many alerts it lists
-    more: int = 0  # alerts left out with "… and N more alerts"
 
     @property
     def text(self) -> str:
@@ -325,9 +324,7 @@ def _plain_lines(text: str) -> str:
     return re.sub(r"\n\s*\n+", "\n\n", text.strip())
 
 
-def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mentions, more: int) -> dict:
-    if more:
-        text = f"{text}\n… and {more} more alerts"
+def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mentions) -> dict:
     if target.type == "dingtalk":
         at = {"atMobiles": list(mentions.mobiles), "isAtAll": mentions.all}
         ring = " ".join(f"@{m}" for m in mentions.mobiles)
@@ -360,11 +357,10 @@ def fits(target_type: str, kind: str, payload: dict, body: bytes, limits: dict |
 
 
 def render_message(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None, compact: bool = False,
-                   more: int = 0, shrink: int = 0, max_text_bytes: int | None = None,
-                   cache: dict | None = None) -> Message:
+                   shrink: int = 0, max_text_bytes: int | None = None, cache: dict | None = None) -> Message:
     """One message listing these alerts (no size check; see pack for that).
 
-    max_text_bytes cuts the rendered listing (not the mentions, nor "… and N more") at a character bound.
+    max_text_bytes cuts the rendered listing (not the mentions) at a character bound.
     """
     tz = tz or timezone.utc
     mentions = mentions_for(alerts, target)
@@ -379,20 +375,19 @@ def render_message(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = 
     text = _compile(source).render(**ctx)
     if max_text_bytes is not None and len(text.encode("utf-8")) > max_text_bytes:
         text = cut_utf8(text, max_text_bytes - 3) + "…"
-    payload = _assemble(target, kind, text, ctx["title"], mentions, more)
-    return Message(target.type, kind, payload, encode(payload), alerts=len(alerts), more=more)
+    payload = _assemble(target, kind, text, ctx["title"], mentions)
+    return Message(target.type, kind, payload, encode(payload), alerts=len(alerts))
 
 
 def _fits(msg: Message, limits: dict | None) -> bool:
     return fits(msg.target_type, msg.kind, msg.payload, msg.body, limits)
 
 
-def _force_fit(alerts: Sequence[Alert], target: Target, tz: tzinfo | None, limits: dict | None,
-               compact: bool = False, more: int = 0) -> Message:
+def _force_fit(alerts: Sequence[Alert], target: Target, tz: tzinfo | None, limits: dict | None) -> Message:
     """Last resort (one huge alert, or a verbose user template): cut the listing until the message fits."""
     budget = DINGTALK_MAX_BODY
     while True:
-        msg = render_message(alerts, target, tz, compact=compact, more=more, shrink=3, max_text_bytes=budget)
+        msg = render_message(alerts, target, tz, shrink=3, max_text_bytes=budget)
         if _fits(msg, limits) or budget <= 0:
             return msg
         budget = budget * 7 // 8 - 16
@@ -445,32 +440,3 @@ def pack(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
         if _fits(msg, limits):
             return msg, 1
     return _force_fit(alerts[:1], target, tz, limits), 1
-
-
-def format_messages(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
-                    max_messages: int | None = None, limits: dict | None = None) -> list[Message]:
-    """Every alert in as few messages as the limits allow (firing first); with max_messages, the last
-    message ends in "… and N more alerts" instead of listing the rest."""
-    rest = order(alerts)
-    out: list[Message] = []
-    while rest:
-        if max_messages is not None and len(out) == max_messages - 1:
-            out.append(_last_with_more(rest, target, tz, limits))
-            break
-        msg, used = pack(rest, target, tz, limits)
-        out.append(msg)
-        rest = rest[used:]
-    return out
-
-
-def _last_with_more(alerts: list[Alert], target: Target, tz: tzinfo | None, limits: dict | None) -> Message:
-    msg, used = pack(alerts, target, tz, limits)
-    while used < len(alerts):
-        more = len(alerts) - used
-        candidate = render_message(alerts[:used], target, tz, compact=True, more=more)
-        if _fits(candidate, limits):
-            return candidate
-        if used == 1:
-            return _force_fit(alerts[:1], target, tz, limits, compact=True, more=more)
-        used -= 1
-    return msg

@@ -17,17 +17,19 @@ rewritten compactly (atomically) at start, when nothing is pending and it has gr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("verl_exporter.relay")
+from ..atomicfile import remove_stale_temps, write_atomic
+
+log = logging.getLogger(__name__)
 
 JOURNAL = "relay-journal.jsonl"
 # Attempts remembered per target: more than any robot allows in one window.
@@ -60,28 +62,6 @@ class Entry:
     alert: dict
 
 
-def write_private(path: Path, data: bytes, sync: bool = True) -> None:
-    """Write a file only its owner can read, atomically (temporary file, then rename); on failure the
-    temporary file is removed and OSError raised."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # an older file of the same name keeps its mode through O_CREAT
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):  # never leave a 0-byte .tmp behind (a full disk)
-            tmp.unlink()
-        raise
-
-
 class Journal:
     def __init__(self, spool_dir: Path, metrics, window: float):
         self.path = spool_dir / JOURNAL
@@ -95,6 +75,7 @@ class Journal:
         self._full: dict[str, float] = {}
         self._lines = 0
         self._failing = False
+        self._logged_traceback = False
         self._torn = False
         self._closed = False  # after shutdown: a send still stuck in flight must not write any more
 
@@ -103,6 +84,7 @@ class Journal:
         """The entries still pending in the journal, and each target's recent attempt times (wall clock)."""
         entries: dict[int, Entry] = {}
         tries: dict[int, tuple[str, float]] = {}
+        remove_stale_temps(self.path)  # a rewrite cut short by a kill
         try:
             with open(self.path, encoding="utf-8") as f:
                 lines = f.readlines()
@@ -222,7 +204,7 @@ class Journal:
     def _write_compact(self, pending_lines: list[str]) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         lines = self._history_lines() + pending_lines
-        write_private(self.path, "".join(lines).encode("utf-8"))
+        write_atomic(self.path, "".join(lines), mode=0o600)  # only its owner may read the alerts
         self._close()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._lines, self._torn = len(lines), False
@@ -257,6 +239,7 @@ class Journal:
 
     def _error(self, operation: str, message: str) -> None:
         self.metrics.inc("verl_relay_spool_errors_total", operation=operation)
-        if not self._failing:  # once per failing spell, not once per webhook
-            log.error("%s", message)
+        if not self._failing:  # once per failing spell, not once per webhook; the traceback the first time
+            log.error("%s", message, exc_info=None if self._logged_traceback else sys.exc_info()[1])
+            self._logged_traceback = True
         self._failing = operation == "write"

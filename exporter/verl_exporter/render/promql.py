@@ -222,6 +222,8 @@ def all_recordings(spec: Spec) -> list[Recording]:
     sel = spec.rules.selector
     seen: dict[str, Recording] = {}
     for metric in spec.metrics:
+        for name, expr in metric.recordings:
+            seen.setdefault(name, Recording(name, fill(expr, metric.name, sel)))
         if "cross_rank" in metric.record:
             for r in cross_rank_records(metric, sel):
                 seen.setdefault(r.record, r)

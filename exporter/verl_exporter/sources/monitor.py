@@ -29,7 +29,7 @@ from ..config import ServeConfig
 from ..control import ControlReader
 from ..selfmetrics import SelfMetrics
 
-log = logging.getLogger("verl_exporter")
+log = logging.getLogger(__name__)
 
 SOURCE = "monitor"
 COMPONENT = "monitor"
@@ -96,12 +96,12 @@ class Monitor:
 
             spec = load_effective_spec(None, overrides)  # one spec for the endpoint and the breaker
         if listen is not None:
-            from ..collectors import load_all
+            from ..collectors import REGISTRY
             from ..sidecar import Sidecar
 
             # In the training process only what the process itself knows: no host or GPU collectors
             # (the per-rank sidecar has those), and torch's allocator stats when asked for.
-            config = ServeConfig(listen=listen, run=run, rank=rank, collectors={n: False for n in load_all()})
+            config = ServeConfig(listen=listen, run=run, rank=rank, collectors={n: False for n in REGISTRY})
             self._sidecar = Sidecar(config, spec=spec, before_scrape=self.drain, control_token=control_token,
                                     control_file=control_file)
             self._torch = None

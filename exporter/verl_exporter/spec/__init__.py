@@ -48,6 +48,9 @@ RECORDINGS = ("cross_rank",)
 # Per-series window aggregates recorded once a minute, so that alerts over thousands of GPUs read one recorded
 # sample per series instead of a window of raw samples: record: [avg_over_time_10m, max_over_time_1m, ...]
 WINDOW_RECORDING = re.compile(r"(avg|max|min)_over_time_([1-9][0-9]*[mh])")
+# A recording rule written on an entry: {record: level:name:operations, expr: PromQL with <metric> and <sel>}.
+RECORDING_NAME_RE = re.compile(r"^[a-z_]+:verl_[a-z0-9_]+:[a-z0-9_]+$")
+RECORDING_KEYS = {"record", "expr"}
 DEFAULT_KEYS = {"max_series"}
 
 DEFAULT_SPEC = "metrics.yaml"
@@ -92,7 +95,8 @@ class MetricSpec:
     max_series: int = 64
     alerts: tuple[Alert, ...] = ()
     panels: tuple[Panel, ...] = ()
-    record: tuple[str, ...] = ()
+    record: tuple[str, ...] = ()  # generated recordings (RECORDINGS)
+    recordings: tuple[tuple[str, str], ...] = ()  # written ones: (name, PromQL with <metric> and <sel>)
     detect: tuple = ()  # SignalSpec: the adaptive signals this metric feeds (verl_exporter.detect)
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,8 +119,8 @@ class MetricSpec:
             out["alerts"] = [a.alert for a in self.alerts]
         if self.panels:
             out["panels"] = [f"{p.dashboard}: {p.title}" for p in self.panels]
-        if self.record:
-            out["record"] = list(self.record)
+        if self.record or self.recordings:
+            out["record"] = list(self.record) + [name for name, _ in self.recordings]
         return out
 
 
@@ -260,6 +264,20 @@ def _parse_source(where: str, raw: Any, labels: tuple[str, ...], problems: list[
                       when_absent=when_absent)
 
 
+def _parse_recording(where: str, raw: dict, problems: list[str]) -> tuple[str, str] | None:
+    unknown = set(raw) - RECORDING_KEYS
+    if unknown:
+        problems.append(f"{where}: unknown key(s) {sorted(unknown)}")
+    name, expr = raw.get("record"), raw.get("expr")
+    if not isinstance(name, str) or not RECORDING_NAME_RE.match(name):
+        problems.append(f"{where}: record must be a name like level:verl_name:operations, got {name!r}")
+        return None
+    if not isinstance(expr, str) or "<metric>" not in expr or "<sel>" not in expr:
+        problems.append(f"{where}: expr must be PromQL using <metric> and <sel>")
+        return None
+    return name, " ".join(expr.split())
+
+
 def _check_name(where: str, name: str, mtype: str, unit: str, problems: list[str]) -> None:
     if not METRIC_NAME_RE.match(name):
         problems.append(f"{where}: name must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_)")
@@ -355,11 +373,16 @@ def _parse_entry(i: int, raw: Any, defaults: dict, target_labels: tuple[str, ...
         parsed = [parse(str(name), j, item, problems) for j, item in enumerate(val)]
         extras[key] = tuple(x for x in parsed if x is not None)
     record = raw.get("record", []) or []
-    if not isinstance(record, list) or any(r not in RECORDINGS and not WINDOW_RECORDING.fullmatch(str(r))
-                                           for r in record):
-        problems.append(f"{where}: record may list {list(RECORDINGS)} and <avg|max|min>_over_time_<N><m|h>")
-        record = []
-    extras["record"] = tuple(record)
+    if not isinstance(record, list):
+        record = [record]
+    kinds = [r for r in record if not isinstance(r, dict)]
+    if any(r not in RECORDINGS and not WINDOW_RECORDING.fullmatch(str(r)) for r in kinds):
+        problems.append(f"{where}: record may list {list(RECORDINGS)}, <avg|max|min>_over_time_<N><m|h> "
+                        "and {record, expr} rules")
+        kinds = []
+    extras["record"] = tuple(kinds)
+    extras["recordings"] = tuple(r for j, item in enumerate(record) if isinstance(item, dict)
+                                 for r in [_parse_recording(f"{where} record[{j}]", item, problems)] if r)
     detect = raw.get("detect", []) or []
     if not isinstance(detect, list):
         problems.append(f"{where}: detect must be a list of mappings")
@@ -435,6 +458,9 @@ def parse_spec(doc: Any, origin: str = "spec") -> Spec:
             if a.kind != "expr":
                 problems.append(f"alert {a.alert!r}: a top-level alert must be of kind expr")
             global_alerts.append(a)
+    recorded = [name for m in metrics for name, _ in m.recordings]
+    for dup in sorted({n for n in recorded if recorded.count(n) > 1}):
+        problems.append(f"recording {dup!r}: declared twice")
     names = [a.alert for m in metrics for a in m.alerts] + [a.alert for a in global_alerts]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"alert {dup!r}: declared twice")

@@ -1,0 +1,22 @@
+"""The one way a long-running command (serve, relay, node, demo) learns that it should stop.
+
+SIGINT and SIGTERM set an event that the main thread waits on; the command then stops its parts in order
+(Kubernetes sends SIGTERM, a terminal Ctrl-C). Install it before anything starts, so that a signal that
+arrives early still stops cleanly instead of killing the process half-started.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stop_event(event: threading.Event | None = None) -> threading.Event:
+    """The event (a new one when none is given), set from now on by SIGINT or SIGTERM. Main thread only."""
+    if event is None:
+        event = threading.Event()
+    for sig in SIGNALS:
+        signal.signal(sig, lambda *_: event.set())
+    return event

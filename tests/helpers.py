@@ -1,0 +1,33 @@
+"""Helpers shared by the tests and the benchmarks (bench/ puts tests/ on sys.path): plain functions that need
+neither pytest nor a running server. The fake GPU node is in fake_pynvml.busy_node."""
+
+from __future__ import annotations
+
+import socket
+
+RESULT_HEADER = ("measurement", "value", "baseline", "baseline value", "ratio", "goal", "verdict")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil
+    return ordered[int(rank) - 1]
+
+
+def results_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = RESULT_HEADER) -> str:
+    """A benchmark's results as aligned text columns, header first."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines)
