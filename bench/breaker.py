@@ -18,9 +18,9 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 # isort: split
 from prometheus_client import CollectorRegistry, Gauge  # noqa: E402
-from verl_exporter.breaker import CircuitBreaker  # noqa: E402
-from verl_exporter.demo import demo_lines  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
+from verl_exporter.tools.demo import demo_lines  # noqa: E402
+from verl_exporter.trainer.breaker import CircuitBreaker  # noqa: E402
 
 
 def per_call_us(fn, n: int, repeats: int = 5) -> float:

@@ -15,11 +15,11 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 # isort: split
 import yaml  # noqa: E402
-from verl_exporter import calibrate as cb  # noqa: E402
-from verl_exporter import replay as rp  # noqa: E402
-from verl_exporter.backtest import timeline  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
 from verl_exporter.spec.overrides import apply_overrides  # noqa: E402
+from verl_exporter.tools import calibrate as cb  # noqa: E402
+from verl_exporter.tools import replay as rp  # noqa: E402
+from verl_exporter.tools.backtest import timeline  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "real_runs"
 

@@ -57,7 +57,7 @@ def fake_node(costs: dict | None = None) -> FakeNvml:
 # ---------------------------------------------------------------------------------------------- part 1
 def bench_sampler(args, out, costs: dict | None, label: str) -> dict:
     from fake_pynvml import make_context
-    from verl_exporter.collectors.sampler import Sampler, build_collectors
+    from verl_exporter.sidecar.collectors.sampler import Sampler, build_collectors
 
     fake = fake_node(costs)
     ctx = make_context(fake, gpus="all", trainer_pid=os.getpid(), gpu_pcie_throughput=True)
@@ -107,9 +107,9 @@ def bench_sampler(args, out, costs: dict | None, label: str) -> dict:
 # ---------------------------------------------------------------------------------------------- part 2
 def serve_fake(argv: list[str]) -> int:
     """--serve-fake: a real sidecar whose GPU collectors see a fake NVML of 8 GPUs; runs until signalled."""
-    from verl_exporter.config import build_config
-    from verl_exporter.shutdown import stop_event
-    from verl_exporter.sidecar import Sidecar
+    from verl_exporter.core.shutdown import stop_event
+    from verl_exporter.sidecar.config import build_config
+    from verl_exporter.sidecar.sidecar import Sidecar
 
     p = argparse.ArgumentParser()
     p.add_argument("--listen", required=True)

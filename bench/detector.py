@@ -16,12 +16,12 @@ import time
 import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 # isort: split
-from verl_exporter import replay as rp  # noqa: E402
-from verl_exporter.breaker import CircuitBreaker  # noqa: E402
-from verl_exporter.detect import Detectors  # noqa: E402
-from verl_exporter.selfmetrics import SelfMetrics  # noqa: E402
+from verl_exporter.core.detect import Detectors  # noqa: E402
+from verl_exporter.core.selfmetrics import SelfMetrics  # noqa: E402
+from verl_exporter.sidecar.store import TrainingStore  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
-from verl_exporter.store import TrainingStore  # noqa: E402
+from verl_exporter.tools import replay as rp  # noqa: E402
+from verl_exporter.trainer.breaker import CircuitBreaker  # noqa: E402
 
 
 def per_step_us(fn, lines: list[dict], repeats: int = 5) -> float:

@@ -39,8 +39,8 @@ import psutil
 import requests
 from helpers import free_port, percentile, results_table
 from prometheus_client import CollectorRegistry, Gauge
-from verl_exporter.demo import demo_lines
-from verl_exporter.sources.monitor import Monitor
+from verl_exporter.tools.demo import demo_lines
+from verl_exporter.trainer.monitor import Monitor
 
 STEP_METRIC = "verl_training_step"
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")

@@ -10,7 +10,7 @@ and after it, which NVML fields this GPU refuses, what a sample costs per GPU, a
 3. Scrapes /metrics at idle, every second of the load, and after it; prints every verl_gpu_* series with
    its value, the fields with verl_gpu_field_supported 0, the sampler's cost per GPU per sample
    (verl_exporter_collector_duration_seconds / GPUs), and /metrics latency.
-4. In the load process, reads torch's CUDA memory through verl_exporter.torch_helpers when it exists.
+4. In the load process, reads torch's CUDA memory through verl_exporter.trainer.torch_helpers when it exists.
 
 Without NVML (no driver) or without a GPU it says so, writes the summary with ok=false and exits 2; without
 torch or CUDA it skips the load. Every subprocess is stopped on the way out.
@@ -72,12 +72,12 @@ elapsed = time.monotonic() - started
 tflops = 2 * n ** 3 * matmuls * len(devices) / elapsed / 1e12
 helpers = None
 try:
-    from verl_exporter.collectors import Context
-    from verl_exporter.selfmetrics import SelfMetrics
+    from verl_exporter.sidecar.collectors import Context
+    from verl_exporter.core.selfmetrics import SelfMetrics
     from verl_exporter.spec import load_spec
-    from verl_exporter.torch_helpers import TorchCollector
+    from verl_exporter.trainer.torch_helpers import TorchCollector
 except ImportError as e:
-    helpers = {"skipped": f"verl_exporter.torch_helpers is not available: {e}"}
+    helpers = {"skipped": f"verl_exporter.trainer.torch_helpers is not available: {e}"}
 if helpers is None:
     spec = load_spec()
     collector = TorchCollector(Context(spec=spec, self_metrics=SelfMetrics(spec)), memory=True, devices=devices)
@@ -154,11 +154,11 @@ class LineReader:
 # ---------------------------------------------------------------------------------------------- parts
 def time_in_process(args, out) -> dict:
     """The collectors' own cost on the real NVML, in this process."""
-    from verl_exporter.collectors import Context, Unavailable
-    from verl_exporter.collectors.gpu import GpuCollector
-    from verl_exporter.collectors.gpu_processes import GpuProcessesCollector
-    from verl_exporter.collectors.nvlink import NvlinkCollector
-    from verl_exporter.selfmetrics import SelfMetrics
+    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.sidecar.collectors import Context, Unavailable
+    from verl_exporter.sidecar.collectors.gpu import GpuCollector
+    from verl_exporter.sidecar.collectors.gpu_processes import GpuProcessesCollector
+    from verl_exporter.sidecar.collectors.nvlink import NvlinkCollector
     from verl_exporter.spec import load_spec
 
     spec = load_spec()

@@ -19,11 +19,11 @@ import time
 import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 # isort: split
-from verl_exporter.demo import demo_lines  # noqa: E402
-from verl_exporter.selfmetrics import SelfMetrics  # noqa: E402
-from verl_exporter.sources.verl_file import VerlFileFollower  # noqa: E402
+from verl_exporter.core.selfmetrics import SelfMetrics  # noqa: E402
+from verl_exporter.sidecar.sources.verl_file import VerlFileFollower  # noqa: E402
+from verl_exporter.sidecar.store import TrainingStore  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
-from verl_exporter.store import TrainingStore  # noqa: E402
+from verl_exporter.tools.demo import demo_lines  # noqa: E402
 
 
 def write_log(path: str, megabytes: int) -> tuple[int, int]:

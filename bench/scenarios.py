@@ -10,7 +10,7 @@ from __future__ import annotations
 import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 # isort: split
-from verl_exporter import replay as rp  # noqa: E402
+from verl_exporter.tools import replay as rp  # noqa: E402
 
 RUNS = [("ppo", None, 0), ("grpo", None, 0), ("agentic", None, 0),
         ("ppo", "score_drop", 150), ("agentic", "score_drop", 30), ("grpo", "collapse", 100),

@@ -60,9 +60,9 @@ from verl_exporter.render.promql import MIN_SAMPLES  # noqa: E402
 from verl_exporter.render.rule_tests import expand  # noqa: E402
 from verl_exporter.render.rules import runbook_url  # noqa: E402
 from verl_exporter.render.templating import quote  # noqa: E402
-from verl_exporter.replay import replay_timed  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
 from verl_exporter.spec.rules import Alert, duration_seconds  # noqa: E402
+from verl_exporter.tools.replay import replay_timed  # noqa: E402
 
 OUT = REPO / "rules" / "scenarios" / "scenarios-test.yaml"
 RULE_FILES = ("verl-recording.yaml", "verl-alerts.yaml")
@@ -178,7 +178,7 @@ GRPO = Profile(kind="grpo", run="grpo-gsm8k", critic=False, prompts=64, n=5, pro
                score_gain=0.62, score_mid=140, val0=0.15, val_gain=0.6, val_mid=150)
 
 # The driver's logged keys: (state key, verl key, divisor). They are written as verl's file logger would and
-# replayed through the real follower, store, mapper and detectors (verl_exporter.replay): no series is
+# replayed through the real follower, store, mapper and detectors (verl_exporter.tools.replay): no series is
 # made here by hand for the driver.
 VERL_KEYS = (
     ("grad", "actor/grad_norm", 1.0),

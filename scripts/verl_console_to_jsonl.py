@@ -4,7 +4,7 @@
     python scripts/verl_console_to_jsonl.py train.log -o run.jsonl [--run N] [--list]
 
 What it copes with (Ray prefixes, ANSI colours, one key per line, numpy reprs, nan/inf, notebooks, several
-runs in one file, lines cut at 4096 characters) is described in ``verl_exporter.sources.console``.
+runs in one file, lines cut at 4096 characters) is described in ``verl_exporter.sidecar.sources.console``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
 
-from verl_exporter.sources.console import (  # noqa: E402
+from verl_exporter.sidecar.sources.console import (  # noqa: E402
     ConsoleLogError,
     convert,
     describe,

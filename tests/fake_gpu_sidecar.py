@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fake_pynvml import FakeNvml, busy_node  # noqa: E402
 from verl_exporter import cli  # noqa: E402
-from verl_exporter.sidecar import Sidecar  # noqa: E402
+from verl_exporter.sidecar.sidecar import Sidecar  # noqa: E402
 
 HW_THERMAL_SLOWDOWN = 0x40
 

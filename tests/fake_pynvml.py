@@ -591,8 +591,8 @@ def busy_node(gpus: int | list[FakeGpu] = 2, nvlink_links: int = 4, costs_us: di
 
 def make_context(fake: FakeNvml | None, **overrides):
     """A collectors Context on the real spec whose NVML is ``fake`` (None: the real binding)."""
-    from verl_exporter.collectors import Context
-    from verl_exporter.selfmetrics import SelfMetrics
+    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.sidecar.collectors import Context
 
     spec = overrides.pop("spec", None) or _spec()
     values = {"gpus": "all", "environ": {}, "nvml_loader": (lambda: fake) if fake is not None else None}

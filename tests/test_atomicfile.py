@@ -9,12 +9,12 @@ import stat
 from pathlib import Path
 
 import pytest
-from verl_exporter.atomicfile import TEMP_SUFFIX, remove_stale_temps, temp_prefix, write_atomic
-from verl_exporter.checkpoint_manifest import MANIFEST_NAME, write_manifest
-from verl_exporter.control import ControlState
-from verl_exporter.file_sd import FileSdRegistration
+from verl_exporter.checkpoint.manifest import MANIFEST_NAME, write_manifest
+from verl_exporter.core.atomicfile import TEMP_SUFFIX, remove_stale_temps, temp_prefix, write_atomic
 from verl_exporter.relay.journal import Journal
 from verl_exporter.relay.metrics import RelayMetrics
+from verl_exporter.sidecar.control import ControlState
+from verl_exporter.sidecar.file_sd import FileSdRegistration
 
 
 @pytest.fixture

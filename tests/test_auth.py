@@ -6,13 +6,13 @@ from __future__ import annotations
 import io
 
 import pytest
-from verl_exporter.auth import bearer_token_ok
-from verl_exporter.control import ControlState, make_control_app
+from verl_exporter.core.auth import bearer_token_ok
+from verl_exporter.core.selfmetrics import SelfMetrics
 from verl_exporter.relay.app import RelayApp
 from verl_exporter.relay.config import parse_config
 from verl_exporter.relay.dispatch import Dispatcher
 from verl_exporter.relay.metrics import RelayMetrics
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.control import ControlState, make_control_app
 from verl_exporter.spec import load_spec
 
 TOKEN = "tok-3f9a.~+/="

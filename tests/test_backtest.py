@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from conftest import require_tool
-from verl_exporter import replay as rp
 from verl_exporter.cli import main
+from verl_exporter.tools import replay as rp
 
 
 def test_backtest_prints_the_timeline_and_writes_the_report(tmp_path, capsys):
@@ -65,7 +65,7 @@ def test_console_logs_are_read_as_verl_runs(tmp_path):
 
 def test_older_verls_step_time_sets_the_replay_clock_and_the_detectors_step_seconds():
     """verl before 2025 logged the step time as timing/step: the replay and the hang detector must use it."""
-    from verl_exporter.detect import Detectors
+    from verl_exporter.core.detect import Detectors
     from verl_exporter.spec import load_spec
 
     old = [{"step": s, "data": {"timing/step": 420.0, "critic/score/mean": 0.1}} for s in range(1, 4)]

@@ -14,12 +14,12 @@ import re
 import pytest
 import yaml
 from conftest import require_tool
-from verl_exporter import calibrate as cb
-from verl_exporter import replay as rp
 from verl_exporter.cli import main
 from verl_exporter.spec import load_spec
 from verl_exporter.spec.overrides import apply_overrides, load_overrides
 from verl_exporter.spec.rules import knobs
+from verl_exporter.tools import calibrate as cb
+from verl_exporter.tools import replay as rp
 
 # The agentic profile (7-minute steps, answers growing to ~2,500 tokens) with a 3k-token cap: healthy runs
 # clip up to ~26% of their answers, which the default line (20%) calls a fault.

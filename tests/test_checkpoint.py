@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI, parse_metrics, require_tool, sample
-from verl_exporter import atomicfile, checkpoint_cli, checkpoint_manifest, verl_callback
-from verl_exporter.checkpoint_manifest import (
+from verl_exporter.checkpoint import cli as checkpoint_cli
+from verl_exporter.checkpoint import manifest as checkpoint_manifest
+from verl_exporter.checkpoint.manifest import (
     MANIFEST_NAME,
     TRACKER_NAME,
     find_checkpoints,
@@ -29,12 +30,14 @@ from verl_exporter.checkpoint_manifest import (
     verify_manifest,
     write_manifest,
 )
-from verl_exporter.collectors import Context, Unavailable
-from verl_exporter.collectors import checkpoint as checkpoint_collector
-from verl_exporter.collectors.checkpoint import CheckpointCollector
-from verl_exporter.collectors.sampler import Sampler
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.core import atomicfile
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.collectors import Context, Unavailable
+from verl_exporter.sidecar.collectors import checkpoint as checkpoint_collector
+from verl_exporter.sidecar.collectors.checkpoint import CheckpointCollector
+from verl_exporter.sidecar.collectors.sampler import Sampler
 from verl_exporter.spec import load_spec
+from verl_exporter.trainer import verl_callback
 
 GRACE = 900.0
 T0 = 1_700_000_000.0  # file times the tests set, far from "now", so the fake clock alone decides ages
@@ -398,7 +401,7 @@ def test_callback_is_loaded_by_verl_and_writes_the_manifest(tmp_path):
     from omegaconf import OmegaConf
 
     config = OmegaConf.create({"trainer": {
-        "checkpoint_callback_class": "verl_exporter.verl_callback.ManifestCheckpointCallback"}})
+        "checkpoint_callback_class": "verl_exporter.trainer.verl_callback.ManifestCheckpointCallback"}})
     callback = callback_mod.build_checkpoint_callback(config)  # how verl's trainer builds it
     assert isinstance(callback, verl_callback.ManifestCheckpointCallback)
     assert isinstance(callback, callback_mod.CheckpointCallback)
@@ -462,7 +465,7 @@ def test_callback_module_imports_and_works_without_verl(tmp_path):
     code = (
         "import sys\n"
         "sys.modules['verl'] = None  # any 'import verl...' now raises ImportError\n"
-        "from verl_exporter.verl_callback import ManifestCheckpointCallback as C\n"
+        "from verl_exporter.trainer.verl_callback import ManifestCheckpointCallback as C\n"
         "assert [b.__name__ for b in C.__mro__] == ['ManifestCheckpointCallback', '_CallbackBase', 'object']\n"
         "C(config={'x': 1}).on_save(trainer=None, global_step=4, checkpoint_dir=sys.argv[1], async_save=False)\n"
     )

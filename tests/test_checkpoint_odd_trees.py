@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from verl_exporter import checkpoint_manifest
-from verl_exporter.checkpoint_manifest import (
+from verl_exporter.checkpoint import manifest as checkpoint_manifest
+from verl_exporter.checkpoint.manifest import (
     MANIFEST_NAME,
     FileChangedError,
     scan_files,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from verl_exporter import cli
-from verl_exporter.config import ConfigError, build_config, read_config_file
+from verl_exporter.sidecar.config import ConfigError, build_config, read_config_file
 
 NOT_UTF8 = b"listen: \xff\xfe:9477\n"
 
@@ -108,7 +108,7 @@ def test_demo_rate_must_be_positive(rate, capsys):
 
 
 def test_run_demo_refuses_a_rate_that_would_replay_at_once():
-    from verl_exporter.demo import run_demo
+    from verl_exporter.tools.demo import run_demo
 
     with pytest.raises(ValueError, match="rate"):
         run_demo(listen="127.0.0.1:0", rate=0)

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
-from verl_exporter.collectors import Context
-from verl_exporter.collectors.disk import IGNORED_DEVICES, DiskCollector
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.collectors import Context
+from verl_exporter.sidecar.collectors.disk import IGNORED_DEVICES, DiskCollector
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"

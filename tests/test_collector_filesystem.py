@@ -6,10 +6,10 @@ import errno
 import os
 
 import pytest
-from verl_exporter.collectors import Context
-from verl_exporter.collectors import filesystem as filesystem_module
-from verl_exporter.collectors.filesystem import FilesystemCollector
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.collectors import Context
+from verl_exporter.sidecar.collectors import filesystem as filesystem_module
+from verl_exporter.sidecar.collectors.filesystem import FilesystemCollector
 from verl_exporter.spec import load_spec
 
 

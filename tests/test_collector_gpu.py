@@ -26,19 +26,19 @@ from fake_pynvml import (
     series_of,
     value,
 )
-from verl_exporter.collectors import REGISTRY, Unavailable
-from verl_exporter.collectors.gpu import FAST_FIELDS, GpuCollector
-from verl_exporter.collectors.gpu_processes import GpuProcessesCollector
-from verl_exporter.collectors.nvlink import NvlinkCollector
-from verl_exporter.collectors.nvml import GpuSelectionError
-from verl_exporter.collectors.sampler import Sampler
-from verl_exporter.collectors.xid import XidCollector
+from verl_exporter.sidecar.collectors import REGISTRY, Unavailable
+from verl_exporter.sidecar.collectors.gpu import FAST_FIELDS, GpuCollector
+from verl_exporter.sidecar.collectors.gpu_processes import GpuProcessesCollector
+from verl_exporter.sidecar.collectors.nvlink import NvlinkCollector
+from verl_exporter.sidecar.collectors.nvml import GpuSelectionError
+from verl_exporter.sidecar.collectors.sampler import Sampler
+from verl_exporter.sidecar.collectors.xid import XidCollector
 
 
 @pytest.fixture
 def quick_xid(monkeypatch):
     """The XID thread waits 50 ms at a time instead of 500, so that closing it is quick."""
-    from verl_exporter.collectors import xid
+    from verl_exporter.sidecar.collectors import xid
 
     monkeypatch.setattr(xid, "WAIT_MS", 50)
 
@@ -334,8 +334,8 @@ def test_eight_gpus_fit_the_spec_without_dropped_series():
 
 
 def test_a_sidecar_serves_the_gpu_series_over_http_and_promtool_accepts_them(monkeypatch, quick_xid):
-    from verl_exporter.config import ServeConfig
-    from verl_exporter.sidecar import Sidecar
+    from verl_exporter.sidecar.config import ServeConfig
+    from verl_exporter.sidecar.sidecar import Sidecar
 
     fake = FakeNvml(2, nvlink_links=4)
     fake.gpu(0).processes = [(os.getpid(), 3 << 30)]

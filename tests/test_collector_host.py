@@ -11,10 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import require_tool
-from verl_exporter.collectors import REGISTRY, Context
-from verl_exporter.collectors.host import USER_HZ, HostCollector
-from verl_exporter.collectors.sampler import Sampler
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.collectors import REGISTRY, Context
+from verl_exporter.sidecar.collectors.host import USER_HZ, HostCollector
+from verl_exporter.sidecar.collectors.sampler import Sampler
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -169,7 +169,7 @@ def test_trainer_rss_sums_the_process_tree_and_goes_away_with_it(ctx):
 
 
 def test_descendants_are_listed_again_every_refresh_period(ctx):
-    from verl_exporter.collectors.host import CHILDREN_REFRESH_S
+    from verl_exporter.sidecar.collectors.host import CHILDREN_REFRESH_S
 
     now = [1000.0]
     ctx.clock = lambda: now[0]

@@ -14,7 +14,7 @@ from fake_pynvml import (
     series_of,
     value,
 )
-from verl_exporter.collectors.nvlink import NvlinkCollector
+from verl_exporter.sidecar.collectors.nvlink import NvlinkCollector
 
 
 def test_a_gpu_without_nvlink_has_exactly_the_supported_0_series_and_is_asked_once():

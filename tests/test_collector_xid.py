@@ -7,9 +7,9 @@ import time
 import pytest
 from conftest import wait_for
 from fake_pynvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_NOT_SUPPORTED, FakeNvml, make_context, value
-from verl_exporter.collectors import Unavailable
-from verl_exporter.collectors import xid as xid_module
-from verl_exporter.collectors.xid import XidCollector
+from verl_exporter.sidecar.collectors import Unavailable
+from verl_exporter.sidecar.collectors import xid as xid_module
+from verl_exporter.sidecar.collectors.xid import XidCollector
 
 
 @pytest.fixture(autouse=True)

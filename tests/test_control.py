@@ -11,9 +11,9 @@ import urllib.request
 import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
 from verl_exporter import Monitor
-from verl_exporter.breaker import CircuitBreaker, Rule
-from verl_exporter.control import ControlReader, ControlState
+from verl_exporter.sidecar.control import ControlReader, ControlState
 from verl_exporter.spec import load_spec
+from verl_exporter.trainer.breaker import CircuitBreaker, Rule
 
 TOKEN = "s3cr3t-control-token"
 
@@ -199,7 +199,7 @@ class MiniTrainer:
 
 
 def test_step_control_saves_and_stops_at_the_step_boundary(tmp_path, monkeypatch):
-    from verl_exporter.verl_callback import install_step_control
+    from verl_exporter.trainer.verl_callback import install_step_control
 
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
     path = tmp_path / "control.json"
@@ -233,7 +233,7 @@ def test_controlled_callback_hooks_verls_v1_trainer_not_the_legacy_loop(tmp_path
 
     monkeypatch.delenv("VERL_EXPORTER_CONTROL_FILE", raising=False)
     config = omegaconf.OmegaConf.create({"trainer": {
-        "checkpoint_callback_class": "verl_exporter.verl_callback.ControlledCheckpointCallback",
+        "checkpoint_callback_class": "verl_exporter.trainer.verl_callback.ControlledCheckpointCallback",
         "default_local_dir": str(tmp_path)}})
     cb = build_checkpoint_callback(config)
     assert cb.control is not None
@@ -252,14 +252,14 @@ def test_control_file_is_readable_by_a_trainer_under_another_uid_by_default(tmp_
 
 @pytest.mark.parametrize("text, expected", [("0644", 0o644), ("640", 0o640), (0o600, 0o600)])
 def test_parse_file_mode(text, expected):
-    from verl_exporter.control import parse_file_mode
+    from verl_exporter.sidecar.control import parse_file_mode
 
     assert parse_file_mode(text) == expected
 
 
 @pytest.mark.parametrize("text", ["rw-r--r--", "0444", "1777", "9"])
 def test_parse_file_mode_rejects_what_the_sidecar_could_not_write(text):
-    from verl_exporter.control import parse_file_mode
+    from verl_exporter.sidecar.control import parse_file_mode
 
     with pytest.raises(ValueError, match="mode"):
         parse_file_mode(text)
@@ -267,7 +267,7 @@ def test_parse_file_mode_rejects_what_the_sidecar_could_not_write(text):
 
 def test_config_takes_the_mode_from_yaml_as_written():
     import yaml
-    from verl_exporter.config import ConfigError, build_config
+    from verl_exporter.sidecar.config import ConfigError, build_config
 
     values = yaml.safe_load("control_file_mode: 0640")  # YAML 1.1 reads an unquoted 0640 as the integer 416
     assert build_config(values, {}).control_file_mode == "0640"

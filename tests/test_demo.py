@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from verl_exporter.demo import DEMO_FAULT, demo_lines
+from verl_exporter.tools.demo import DEMO_FAULT, demo_lines
 
 
 def test_demo_run_is_reproducible():

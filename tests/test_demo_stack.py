@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import require_tool
-from verl_exporter.demo_stack import compress_for, compress_grouping, find_programs
+from verl_exporter.tools.demo_stack import compress_for, compress_grouping, find_programs
 
 NAN_ALERT = "VerlNonFiniteGradNorm"
 

@@ -28,9 +28,9 @@ import pytest
 import yaml
 from conftest import REPO, free_port, http_get, require_tool, wait_for
 from verl_exporter.cli import build_parser
-from verl_exporter.config import DEFAULT_PORT
 from verl_exporter.relay.config import RelayConfig, load_config
 from verl_exporter.render import render_all
+from verl_exporter.sidecar.config import DEFAULT_PORT
 from verl_exporter.spec import load_spec
 
 DOCKER = REPO / "docker"
@@ -351,7 +351,7 @@ def test_the_build_context_is_enough_to_build_the_package(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = (tmp_path / "dist").glob("verl_exporter-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("verl_exporter/cli.py", "verl_exporter/spec/metrics.yaml", "verl_exporter/replay.py"):
+    for needed in ("verl_exporter/cli.py", "verl_exporter/spec/metrics.yaml", "verl_exporter/tools/replay.py"):
         assert needed in names, f"{needed} missing from the wheel built from the image's context"
     assert any(n.startswith("verl_exporter/render/templates/") for n in names)
 

@@ -1,4 +1,4 @@
-"""The step-domain detector (verl_exporter.detect): baselines in steps, trend-robust, recovered after a restart,
+"""The step-domain detector (verl_exporter.core.detect): baselines in steps, trend-robust, recovered after a restart,
 shared by the sidecar's store and the circuit breaker."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from verl_exporter.breaker import CircuitBreaker
-from verl_exporter.detect import Detectors, SignalDetector, SignalSpec
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.core.detect import Detectors, SignalDetector, SignalSpec
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import SpecError, load_spec, parse_spec
-from verl_exporter.store import TrainingStore
+from verl_exporter.trainer.breaker import CircuitBreaker
 
 SPEC = load_spec()
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 from conftest import free_port, http_get, parse_metrics, sample, wait_for
-from verl_exporter.config import ServeConfig
-from verl_exporter.file_sd import FileSdRegistration
-from verl_exporter.node import split_rank0_only
-from verl_exporter.sidecar import Sidecar
+from verl_exporter.sidecar.config import ServeConfig
+from verl_exporter.sidecar.file_sd import FileSdRegistration
+from verl_exporter.sidecar.node import split_rank0_only
+from verl_exporter.sidecar.sidecar import Sidecar
 
 
 def test_registration_is_atomic_refreshed_and_removed(tmp_path):
@@ -183,7 +183,7 @@ def test_bad_liveness_flags(flag):
 
 def test_node_wide_collectors_run_on_local_rank_0_only():
     from fake_pynvml import make_context
-    from verl_exporter.collectors.sampler import build_collectors
+    from verl_exporter.sidecar.collectors.sampler import build_collectors
 
     node_wide = {"disk", "network", "pressure"}
     on_rank0 = {c.name for c in build_collectors({}, make_context(None, local_rank=0))}

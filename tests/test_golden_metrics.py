@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from fake_pynvml import busy_node
-from verl_exporter.config import build_config
-from verl_exporter.server import make_app
-from verl_exporter.sidecar import Sidecar
+from verl_exporter.core.server import make_app
+from verl_exporter.sidecar.config import build_config
+from verl_exporter.sidecar.sidecar import Sidecar
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden" / "metrics.txt"

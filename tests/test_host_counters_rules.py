@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_tool
-from verl_exporter.collectors import Context
-from verl_exporter.collectors.disk import DiskCollector
-from verl_exporter.collectors.host import HostCollector
+from verl_exporter.core.selfmetrics import SelfMetrics
 from verl_exporter.render.rule_tests import expand
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.collectors import Context
+from verl_exporter.sidecar.collectors.disk import DiskCollector
+from verl_exporter.sidecar.collectors.host import HostCollector
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from conftest import http_get, wait_for
-from verl_exporter.httpserver import HttpServer, ListenError
+from verl_exporter.core.httpserver import HttpServer, ListenError
 
 # How long a test waits for the server to act; never an assertion about speed.
 PATIENCE_S = 20.0
@@ -158,8 +158,8 @@ def test_an_address_in_use_is_a_listen_error():
 
 def test_the_sidecar_counts_dropped_connections(tmp_path):
     from conftest import parse_metrics, sample
-    from verl_exporter.config import ServeConfig
-    from verl_exporter.sidecar import Sidecar
+    from verl_exporter.sidecar.config import ServeConfig
+    from verl_exporter.sidecar.sidecar import Sidecar
 
     side = Sidecar(ServeConfig(listen="127.0.0.1:0", collectors={"host": False}))
     side.start()

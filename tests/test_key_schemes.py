@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from verl_exporter.selfmetrics import SelfMetrics
-from verl_exporter.sources.verl_file import VerlFileFollower
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
+from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import SpecError, load_spec, parse_spec
-from verl_exporter.store import TrainingStore
 
 # One step of a run as verl 0.9.1 logs it, and the same step in each older key scheme: {old key: today's key}.
 # Values are given in today's units; SCALE says how an older key's unit differs.

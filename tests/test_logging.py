@@ -7,9 +7,9 @@ import logging
 import re
 from pathlib import Path
 
-from verl_exporter import selfmetrics
-from verl_exporter.control import ControlReader
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.core import selfmetrics
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.control import ControlReader
 from verl_exporter.spec import load_spec
 
 PACKAGE = Path(selfmetrics.__file__).resolve().parent
@@ -42,9 +42,9 @@ def test_a_problem_logs_its_traceback_once_then_one_line_a_minute(caplog, monkey
         sm.problem("disk", "parse", "a bad line")  # another kind: its own first, without an exception
     records = [(r.name, r.getMessage(), bool(r.exc_info)) for r in caplog.records]
     assert records == [
-        ("verl_exporter.selfmetrics", "disk: diskstats: OSError(5, 'first')", True),
-        ("verl_exporter.selfmetrics", "disk: diskstats: OSError(5, 'a minute later')", False),
-        ("verl_exporter.selfmetrics", "disk: a bad line", False),
+        ("verl_exporter.core.selfmetrics", "disk: diskstats: OSError(5, 'first')", True),
+        ("verl_exporter.core.selfmetrics", "disk: diskstats: OSError(5, 'a minute later')", False),
+        ("verl_exporter.core.selfmetrics", "disk: a bad line", False),
     ]
     assert "Traceback" in caplog.text and caplog.text.count("Traceback") == 1
     assert sm.value("verl_exporter_source_errors_total", component="disk") == 4

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from verl_exporter.mapper import KeyMapper, unmapped_name
+from verl_exporter.sidecar.mapper import KeyMapper, unmapped_name
 from verl_exporter.spec import load_spec
 
 GIB = 1024.0**3
@@ -129,7 +129,7 @@ def test_unknown_keys_get_a_sanitised_name(mapper, key, name):
 def test_every_key_of_the_demo_run_is_mapped():
     import json
 
-    from verl_exporter.demo import demo_lines
+    from verl_exporter.tools.demo import demo_lines
 
     mapper = KeyMapper(load_spec())
     keys = set()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
-from verl_exporter import node
-from verl_exporter.control import ControlState, make_control_app
-from verl_exporter.server import metrics_app
-from verl_exporter.shutdown import SIGNALS, stop_event
+from verl_exporter.core.server import metrics_app
+from verl_exporter.core.shutdown import SIGNALS, stop_event
+from verl_exporter.sidecar import node
+from verl_exporter.sidecar.control import ControlState, make_control_app
 
 PACKAGE = Path(node.__file__).resolve().parent
 
@@ -75,8 +75,8 @@ def test_gzip_follows_the_accept_encoding_q_values(accept_encoding, gzipped):
 
 def test_the_index_page_escapes_the_run_name_and_shows_no_none():
     from conftest import http_get
-    from verl_exporter.config import ServeConfig
-    from verl_exporter.sidecar import Sidecar
+    from verl_exporter.sidecar.config import ServeConfig
+    from verl_exporter.sidecar.sidecar import Sidecar
 
     side = Sidecar(ServeConfig(listen="127.0.0.1:0", run="<script>alert(1)</script>", collectors={"host": False}))
     side.start()
@@ -149,6 +149,6 @@ def test_one_shutdown_helper_stops_serve_relay_demo_and_node(sig):
         for s, handler in previous.items():
             signal.signal(s, handler)
     sources = {name: (PACKAGE / name).read_text(encoding="utf-8")
-               for name in ("cli.py", "demo.py", "node.py", "relay/cli.py")}
+               for name in ("cli.py", "tools/demo.py", "sidecar/node.py", "relay/cli.py")}
     assert {name: "stop_event(" in text and "signal.signal(" not in text for name, text in sources.items()} == {
         name: True for name in sources}

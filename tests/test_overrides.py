@@ -183,10 +183,10 @@ def test_disabling_alerts_removes_them_and_their_inhibit_rules(spec):
 
 
 def test_the_sidecar_detectors_and_the_breaker_read_the_same_knobs(tmp_path, spec):
-    from verl_exporter.breaker import CircuitBreaker
-    from verl_exporter.config import build_config
-    from verl_exporter.detect import Detectors
-    from verl_exporter.sidecar import Sidecar
+    from verl_exporter.core.detect import Detectors
+    from verl_exporter.sidecar.config import build_config
+    from verl_exporter.sidecar.sidecar import Sidecar
+    from verl_exporter.trainer.breaker import CircuitBreaker
 
     path = write(tmp_path, """alerts:
   VerlRewardCollapse: {thresholds: {k: 7}, min_steps: 20}
@@ -209,7 +209,7 @@ def test_the_sidecar_detectors_and_the_breaker_read_the_same_knobs(tmp_path, spe
     detectors.observe(21, {"critic/score/mean": 0.1, "timing_s/step": 60.0})
     assert "zscore" in detectors.by_name["score"].stats
     # the serve config (and --overrides) hands the file to the sidecar
-    from verl_exporter.collectors import REGISTRY
+    from verl_exporter.sidecar.collectors import REGISTRY
 
     flags = {"listen": "127.0.0.1:0", "collectors": {name: False for name in REGISTRY}}
     sidecar = Sidecar(build_config({"overrides": str(path)}, flags))
@@ -221,7 +221,7 @@ def test_the_sidecar_detectors_and_the_breaker_read_the_same_knobs(tmp_path, spe
 
 
 def test_the_monitor_breaker_takes_the_overrides(tmp_path):
-    from verl_exporter.sources.monitor import Monitor
+    from verl_exporter.trainer.monitor import Monitor
 
     path = write(tmp_path, "alerts:\n  VerlRewardCollapse: {thresholds: {k: 8}}\n")
     m = Monitor(sidecar_file=str(tmp_path / "m.jsonl"), breaker=True, overrides=str(path))

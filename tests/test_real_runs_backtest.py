@@ -32,8 +32,8 @@ def rules_dir(tmp_path_factory):
 
 def first_steps(run: dict, rules_dir: Path) -> dict[str, tuple[int, str]]:
     """{alert: (first step it started at, severity)} for one corpus run."""
-    from verl_exporter import replay
-    from verl_exporter.backtest import timeline
+    from verl_exporter.tools import replay
+    from verl_exporter.tools.backtest import timeline
 
     lines = replay.read_jsonl(CORPUS / run["file"])
     samples = replay.replay(lines, run=run["name"])

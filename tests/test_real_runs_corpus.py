@@ -11,11 +11,11 @@ import statistics
 import pytest
 import yaml
 from conftest import REPO
-from verl_exporter.mapper import KeyMapper, unmapped_name
-from verl_exporter.selfmetrics import SelfMetrics
-from verl_exporter.sources.verl_file import VerlFileFollower
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.mapper import KeyMapper, unmapped_name
+from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
+from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
-from verl_exporter.store import TrainingStore
 
 CORPUS = REPO / "tests" / "data" / "real_runs"
 ENTRIES = yaml.safe_load((CORPUS / "corpus.yaml").read_text())["runs"]

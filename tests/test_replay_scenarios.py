@@ -1,4 +1,4 @@
-"""Whole runs through the one replay engine (verl_exporter.replay): simulated verl lines -> the real follower,
+"""Whole runs through the one replay engine (verl_exporter.tools.replay): simulated verl lines -> the real follower,
 store, mapper and detectors on a simulated clock -> the generated rules in promtool's engine.
 
 Healthy PPO (30 s steps), GRPO (60 s) and agentic (7 min) runs raise nothing; each injected fault raises its
@@ -10,7 +10,7 @@ import functools
 
 import pytest
 from conftest import REPO, require_tool
-from verl_exporter import replay as rp
+from verl_exporter.tools import replay as rp
 
 RULES = REPO / "rules"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from conftest import parse_metrics, sample, wait_for
 from fake_pynvml import make_context
-from verl_exporter import collectors
-from verl_exporter.collectors.base import Collector
-from verl_exporter.collectors.sampler import Sampler
+from verl_exporter.sidecar import collectors
+from verl_exporter.sidecar.collectors.base import Collector
+from verl_exporter.sidecar.collectors.sampler import Sampler
 
 
 class Hanging(Collector):
@@ -112,7 +112,7 @@ def test_fast_exposition_matches_client_python():
     """exposition.py renders what client_python would, in both formats."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-    from verl_exporter.families import family
+    from verl_exporter.core.families import family
 
     ctx = make_context(None)
 
@@ -161,7 +161,7 @@ def test_dropped_series_are_counted_once_per_sample_not_per_scrape():
 def test_importing_the_package_registers_every_collector_once():
     """node_exporter's layout: each collector file registers itself, the package imports every file; there is
     no second list of modules to keep in step."""
-    code = "import verl_exporter.collectors as c; print(' '.join(sorted(c.REGISTRY)))"
+    code = "import verl_exporter.sidecar.collectors as c; print(' '.join(sorted(c.REGISTRY)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     folder = Path(collectors.__file__).parent
     registering = sorted(p.stem for p in folder.glob("*.py") if "\n@register\n" in p.read_text(encoding="utf-8"))

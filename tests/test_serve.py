@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from conftest import http_get, parse_metrics, require_tool, sample, wait_for
-from verl_exporter.config import ConfigError, build_config, read_config_file
+from verl_exporter.sidecar.config import ConfigError, build_config, read_config_file
 
 
 def verl_line(step, **data):
@@ -68,7 +68,7 @@ def test_promtool_finds_nothing_to_complain_about(tmp_path, serve):
     promtool = require_tool("promtool")
     log = tmp_path / "run.jsonl"
     side = serve("--verl-log", str(log), "--run", "lint", "--rank", "1", "--label", "team=rl")
-    from verl_exporter.demo import demo_lines
+    from verl_exporter.tools.demo import demo_lines
 
     log.write_bytes(b"".join(demo_lines()[:60]) + b"garbage line\n")
     wait_for(lambda: sample(side.metrics(), "verl_training_step") == 60, timeout=10)

@@ -21,12 +21,12 @@ import yaml
 from conftest import REPO, Proc, compressed_rule_files, free_port, http_get, ready, require_tool, wait_for
 from robots import FakeDingTalk
 from verl_exporter import Monitor
-from verl_exporter.checkpoint_manifest import write_manifest
-from verl_exporter.demo import demo_lines
+from verl_exporter.checkpoint.manifest import write_manifest
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import parse_config
 from verl_exporter.render.promql import all_recordings
 from verl_exporter.spec import load_spec
+from verl_exporter.tools.demo import demo_lines
 
 CONTROL_TOKEN = "stack-control-token"
 DT_TOKEN, DT_SECRET = "dt-access-token", "SECstacksecret"

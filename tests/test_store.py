@@ -8,9 +8,9 @@ import pytest
 from conftest import parse_metrics, sample
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from verl_exporter.selfmetrics import SelfMetrics
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.store import TrainingStore, as_number
 from verl_exporter.spec import load_spec
-from verl_exporter.store import TrainingStore, as_number
 
 
 @pytest.fixture
@@ -169,7 +169,7 @@ def test_huge_unknown_keys_and_label_values_are_rejected_and_counted(parts):
 def test_the_longest_accepted_names_keep_a_scrape_bounded(parts):
     # Every cap at its limit: max_unmapped series of the longest key, and a free-form label family full.
     store, _, registry = parts
-    from verl_exporter.mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH
+    from verl_exporter.sidecar.mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH
 
     for i in range(1000):
         name = f"{i:04d}" + "u" * (MAX_KEY_LENGTH - 4)

@@ -10,7 +10,7 @@ from conftest import http_get, parse_metrics, sample
 torch = pytest.importorskip("torch")
 
 from verl_exporter import Monitor  # noqa: E402
-from verl_exporter.torch_helpers import GradWatch  # noqa: E402
+from verl_exporter.trainer.torch_helpers import GradWatch  # noqa: E402
 
 
 def model_with_grads(nan: bool = False):

@@ -7,10 +7,10 @@ import math
 import os
 
 import pytest
-from verl_exporter.selfmetrics import SelfMetrics
-from verl_exporter.sources.verl_file import VerlFileFollower
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
+from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
-from verl_exporter.store import TrainingStore
 
 
 class Clock:

@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from verl_exporter.mapper import KeyMapper
+from verl_exporter.sidecar.mapper import KeyMapper
 from verl_exporter.spec import load_spec
 
 _FOUND = importlib.util.find_spec("verl")
@@ -286,9 +286,9 @@ def test_every_verl_key_maps_to_a_spec_metric(capsys):
 def test_every_scanned_key_written_by_verls_file_logger_is_exported_typed(tmp_path, monkeypatch):
     """verl's own FileLogger writes every key the scan found; the real follower and store map them all."""
     from verl.utils.tracking import Tracking
-    from verl_exporter.selfmetrics import SelfMetrics
-    from verl_exporter.sources.verl_file import VerlFileFollower
-    from verl_exporter.store import TrainingStore
+    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
+    from verl_exporter.sidecar.store import TrainingStore
 
     keys, _ = verl_keys()
     log = tmp_path / "verl.jsonl"

@@ -21,7 +21,7 @@ from conftest import sample, wait_for
 pytest.importorskip("verl.trainer.ppo.v1.trainer_base", reason="needs verl[verl-core]==0.9.1 (the test extra)")
 
 TOKEN = "v1-loop-control-token"
-CALLBACK = "verl_exporter.verl_callback.ControlledCheckpointCallback"
+CALLBACK = "verl_exporter.trainer.verl_callback.ControlledCheckpointCallback"
 
 
 def compose_verl_config(*overrides: str):
@@ -137,7 +137,7 @@ def test_checkpoint_and_stop_requests_act_inside_verls_real_v1_loop(mode, serve,
         "actor_rollout_ref.actor.ppo_mini_batch_size=256", "trainer.v1.separate_async.parameter_sync_step=1")
     # step 3: a checkpoint request; step 5: one on a step verl saves itself (no second save); step 7: stop
     trainer = driven_trainer(mode, config, {3: "checkpoint", 5: "checkpoint", 7: "stop"}, side.url)
-    from verl_exporter.verl_callback import ControlledCheckpointCallback
+    from verl_exporter.trainer.verl_callback import ControlledCheckpointCallback
 
     assert isinstance(trainer.checkpoint_callback, ControlledCheckpointCallback)  # built by verl itself
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, Proc, compressed_rule_files, free_port, http_get, ready, require_tool, wait_for
-from verl_exporter.demo import _nonfinite_steps, demo_lines
+from verl_exporter.tools.demo import _nonfinite_steps, demo_lines
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ __all__ = ["Monitor", "__version__"]
 def __getattr__(name):
     # Lazy, so that importing the package (e.g. for the CLI) starts nothing and imports no server code.
     if name == "Monitor":
-        from .sources.monitor import Monitor
+        from .trainer.monitor import Monitor
 
         return Monitor
     raise AttributeError(name)

@@ -9,7 +9,7 @@ import os
 import sys
 
 from . import __version__
-from .shutdown import stop_event
+from .core.shutdown import stop_event
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--control-file-mode", metavar="OCTAL",
                    help="permissions of the control file (default 0644, so that a trainer running as another "
                         "user can read it; it holds requests, never the token)")
-    from .collectors import REGISTRY
+    from .sidecar.collectors import REGISTRY
 
     for name, cls in sorted(REGISTRY.items()):
         g.add_argument(f"--collector.{name}", dest=f"collector__{name}", action=argparse.BooleanOptionalAction,
@@ -109,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where Alertmanager's receivers post (default the spec's, http://127.0.0.1:9095: the "
                           "relay beside Alertmanager); e.g. http://verl-exporter-relay.monitoring.svc:9095")
 
-    from . import checkpoint_cli, node
+    from .checkpoint import cli as checkpoint_cli
     from .relay import add_parser as relay_parser
+    from .sidecar import node
 
     checkpoint_cli.add_parser(sub)
     relay_parser(sub)
@@ -159,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args) -> int:
-    from .config import ConfigError, build_config, read_config_file
-    from .httpserver import ListenError
-    from .sidecar import Sidecar
+    from .core.httpserver import ListenError
+    from .sidecar.config import ConfigError, build_config, read_config_file
+    from .sidecar.sidecar import Sidecar
     from .spec import SpecError
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level", "func")}
@@ -333,7 +334,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo_stack import run
+    from .tools.demo_stack import run
 
     return run(listen=args.listen, rate=args.rate, exit_after_replay=args.exit_after_replay,
                prometheus=args.prometheus, alertmanager=args.alertmanager, sidecar_only=args.sidecar_only,
@@ -341,7 +342,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_checkpoint(args) -> int:
-    from . import checkpoint_cli
+    from .checkpoint import cli as checkpoint_cli
 
     return checkpoint_cli.run(args)
 
@@ -353,13 +354,13 @@ def cmd_relay(args) -> int:
 
 
 def cmd_node(args) -> int:
-    from .node import run
+    from .sidecar.node import run
 
     return run(args)
 
 
 def cmd_backtest(args) -> int:
-    from .backtest import run_backtest
+    from .tools.backtest import run_backtest
 
     return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
                         rules_dir=args.rules, progress=not args.no_progress, overrides=args.overrides)
@@ -369,11 +370,11 @@ def cmd_calibrate(args) -> int:
     import shutil
     from pathlib import Path
 
-    from . import calibrate as cb
-    from .backtest import _progress
-    from .replay import NotAVerlLog
     from .spec import load_spec
     from .spec.overrides import OverridesError, load_overrides, resolve_path
+    from .tools import calibrate as cb
+    from .tools.backtest import _progress
+    from .tools.replay import NotAVerlLog
 
     out_path = None if args.out == "-" else Path(args.out)
     base_path = resolve_path(args.overrides)

@@ -1,5 +1,5 @@
 """Automated response from the relay: for chosen alerts, ask a sidecar's control endpoint to checkpoint
-or stop the run (see ``verl_exporter/control.py``).
+or stop the run (see ``verl_exporter/sidecar/control.py``).
 
     actions:
       - matchers: {alertname: VerlNumericalCollapse}

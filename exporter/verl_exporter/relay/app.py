@@ -14,9 +14,9 @@ import re
 import sys
 import threading
 
-from ..auth import bearer_token_ok
-from ..httpserver import HttpServer
-from ..server import metrics_app
+from ..core.auth import bearer_token_ok
+from ..core.httpserver import HttpServer
+from ..core.server import metrics_app
 from .actions import ActionRunner
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull

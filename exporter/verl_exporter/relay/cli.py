@@ -33,8 +33,8 @@ def _flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..httpserver import ListenError, parse_listen
-    from ..shutdown import stop_event
+    from ..core.httpserver import ListenError, parse_listen
+    from ..core.shutdown import stop_event
     from .app import Relay
     from .config import RelayConfigError, load_config
     from .journal import SpoolError, check_spool_dir

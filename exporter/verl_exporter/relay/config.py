@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
-from ..server import parse_listen
+from ..core.server import parse_listen
 from .actions import parse_actions
 
 ROBOT_TYPES = ("dingtalk", "wecom")

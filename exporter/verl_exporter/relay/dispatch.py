@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..atomicfile import write_atomic
+from ..core.atomicfile import write_atomic
 from .config import RelayConfig, Target, zone
 from .format import Message, pack
 from .journal import Journal, SpoolError

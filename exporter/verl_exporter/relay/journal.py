@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomicfile import remove_stale_temps, write_atomic
+from ..core.atomicfile import remove_stale_temps, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from ..families import family
-from ..selfmetrics import SpecSeries
+from ..core.families import family
+from ..core.selfmetrics import SpecSeries
 from ..spec import Spec, load_spec
 
 MAX_RECEIVER_VALUES = 64

@@ -1,5 +1,8 @@
 """`verl-exporter generate`: render rules, promtool tests, dashboards, Alertmanager and Kubernetes files,
-the runbook and the README's alert table from the spec. Deterministic: same spec, same bytes."""
+the runbook and the README's alert table from the spec. Deterministic: same spec, same bytes.
+
+May import: spec/ only. No runtime module (sidecar/, trainer/, relay/) imports render/.
+"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ..spec import RECORDINGS, WINDOW_RECORDING, MetricSpec, Spec
-from ..spec.rules import Alert, duration_seconds, fill_params
+from ..spec.rules import Alert, duration_seconds, equality_matchers, fill_params
 
 NONFINITE = "verl_training_nonfinite_values_total"
 NONFINITE_MEMORY = "1d"  # how far back a restarted sidecar's NaN count is compared
@@ -89,7 +89,7 @@ JOIN = "on (job, instance, run, rank)"  # how one sidecar's series of different 
 
 
 def detector_cond(signal: str, direction: str, k: float, change: float, sel: str) -> str:
-    """A step-domain deviation of one signal, from the gauges verl_exporter.detect exports; the value is the
+    """A step-domain deviation of one signal, from the gauges verl_exporter.core.detect exports; the value is the
     sustained z-score."""
     sig = selector(sel, f'signal="{signal}"')
     parts = []
@@ -149,11 +149,6 @@ def alert_expr(alert: Alert, sel: str) -> str:
                              for c in alert.confirm)
         return f"({main}) and {JOIN} ({others})"
     raise ValueError(f"unknown alert kind {alert.kind}")
-
-
-def equality_matchers(text: str) -> dict[str, str]:
-    """The name="value" matchers of a selector: the labels absent() and aggregations keep."""
-    return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"', text))
 
 
 MATCHER_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')

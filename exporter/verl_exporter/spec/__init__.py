@@ -2,6 +2,8 @@
 
 The YAML file beside this module is the single place where a metric is named. Loading is strict: every
 problem of every entry is collected and reported at once, each message naming the entry and the problem.
+
+May import: nothing else in the package but core.detect (the detectors' statistics).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class MetricSpec:
     panels: tuple[Panel, ...] = ()
     record: tuple[str, ...] = ()  # generated recordings (RECORDINGS)
     recordings: tuple[tuple[str, str], ...] = ()  # written ones: (name, PromQL with <metric> and <sel>)
-    detect: tuple = ()  # SignalSpec: the adaptive signals this metric feeds (verl_exporter.detect)
+    detect: tuple = ()  # SignalSpec: the adaptive signals this metric feeds (verl_exporter.core.detect)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -1,11 +1,11 @@
 """The `detect:` part of a metric entry: which series are adaptive signals, and how their step-domain
-baselines are built (see ``verl_exporter.detect``)."""
+baselines are built (see ``verl_exporter.core.detect``)."""
 
 from __future__ import annotations
 
 import re
 
-from ..detect import MIN_STEPS_FLOOR, STATS, SignalSpec
+from ..core.detect import MIN_STEPS_FLOOR, STATS, SignalSpec
 
 SIGNAL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 DETECT_KEYS = {"signal", "labels", "window", "hold", "level_steps", "min_steps", "floor", "rel_floor", "trend",

@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from ..detect import MIN_STEPS_FLOOR
+from ..core.detect import MIN_STEPS_FLOOR
 from . import LABEL_NAME_RE, Spec, load_spec
 from .rules import ALERT_NAME_RE, DURATION_RE, SEVERITIES, Alert, alert_signals, in_range, knobs, with_knobs
 

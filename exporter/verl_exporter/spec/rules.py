@@ -94,7 +94,7 @@ class Alert:
     test: dict[str, Any] = field(default_factory=dict)
     inhibits: tuple[str, ...] = ()
     keep_firing_for: str = ""
-    # kind detector: a step-domain signal (verl_exporter.detect) and, optionally, other signals that must
+    # kind detector: a step-domain signal (verl_exporter.core.detect) and, optionally, other signals that must
     # deviate at the same time (each a Confirm) for the alert to hold
     signal: str = ""
     change: float = 0.0  # the relative change from the expected value the deviation must also reach
@@ -452,3 +452,8 @@ def parse_panel(metric: str, i: int, raw: dict, problems: list[str]) -> Panel | 
                  rate=bool(raw.get("rate", False)), width=width if isinstance(width, int) else 12,
                  height=int(raw.get("height", 8)), unit=str(raw.get("unit", "")), min=raw.get("min"),
                  max=raw.get("max"), description=str(raw.get("description", "")))
+
+
+def equality_matchers(text: str) -> dict[str, str]:
+    """The name="value" matchers of a selector: the labels absent() and aggregations keep."""
+    return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"', text))

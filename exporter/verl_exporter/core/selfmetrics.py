@@ -1,0 +1,86 @@
+"""The sidecar's own health: counters and gauges declared in the spec with ``collector: exporter``.
+
+Every problem anywhere in the sidecar goes through ``problem()``: it is counted and logged, and never raised
+into the caller. Per component and kind, the first occurrence is logged with its traceback (when it comes
+from an exception); repeats are one line each, at most once a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+from .. import __version__
+from ..spec import Spec
+from .families import family
+
+log = logging.getLogger(__name__)
+
+_LOG_EVERY_S = 60.0
+
+
+class SpecSeries:
+    """Thread-safe counters and gauges of the spec entries of one collector (names checked on use)."""
+
+    def __init__(self, spec: Spec, collector: str, const_labels: dict[str, str] | None = None):
+        self._metrics = {m.name: m for m in spec.for_collector(collector)}
+        self._values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self._metrics}
+        self._lock = threading.Lock()
+        self._const = dict(const_labels or {})
+
+    def _key(self, name: str, labels: dict[str, str]) -> tuple[str, ...]:
+        metric = self._metrics[name]  # KeyError: a name the spec does not declare
+        return tuple(str(labels[label]) for label in metric.labels)
+
+    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        key = self._key(name, labels)
+        with self._lock:
+            series = self._values[name]
+            series[key] = series.get(key, 0.0) + amount
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        key = self._key(name, labels)
+        with self._lock:
+            self._values[name][key] = float(value)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one series (0 when never touched); for tests and health checks."""
+        key = self._key(name, labels)
+        with self._lock:
+            return self._values[name].get(key, 0.0)
+
+    def snapshot(self) -> dict[str, dict[tuple[str, ...], float]]:
+        with self._lock:
+            return {name: dict(series) for name, series in self._values.items()}
+
+    def collect(self):
+        snapshot = self.snapshot()
+        for name, metric in self._metrics.items():
+            yield family(metric, snapshot[name], self._const)
+
+
+class SelfMetrics(SpecSeries):
+    def __init__(self, spec: Spec, const_labels: dict[str, str] | None = None):
+        super().__init__(spec, "exporter", const_labels)
+        self._last_logged: dict[tuple[str, str], float] = {}
+        self.set("verl_exporter_build_info", 1, version=__version__)
+
+    def problem(self, component: str, kind: str, message: str, count: bool = True,
+                error: BaseException | None = None) -> None:
+        """Count a problem of a component and log it, rate-limited per (component, kind).
+
+        The first one of a (component, kind) carries the traceback of error, or of the exception being
+        handled when called from an ``except`` block; later ones are one line. count=False for problems
+        that have a counter of their own (rejected lines): log only.
+        """
+        if count:
+            self.inc("verl_exporter_source_errors_total", component=component)
+        now = time.monotonic()
+        last = self._last_logged.get((component, kind))
+        if last is None or now - last >= _LOG_EVERY_S:
+            self._last_logged[(component, kind)] = now
+            first = last is None
+            exc = (error or sys.exc_info()[1]) if first else None
+            log.warning("%s: %s", component, message, exc_info=exc)

@@ -1,0 +1,154 @@
+"""One sidecar: the spec, the stores, the sources and the HTTP server, wired together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.process_collector import ProcessCollector
+
+from ..core.selfmetrics import SelfMetrics
+from ..core.server import HttpServer, SafeCollector, health_handler, make_app
+from ..spec import Spec
+from ..spec.overrides import load_effective_spec
+from .collectors import Context
+from .collectors.sampler import Sampler, build_collectors
+from .config import ServeConfig
+from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
+from .file_sd import FileSdRegistration, advertise_host
+from .sources.verl_file import VerlFileFollower
+from .store import TrainingStore
+
+log = logging.getLogger(__name__)
+
+
+class Sidecar:
+    def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape=None,
+                 control_token: str | None = None, control_file: str | None = None):
+        self.config = config
+        self.spec = spec or load_effective_spec(config.spec, config.overrides)
+        labels = config.const_labels(self.spec.target_labels)
+        self.self_metrics = SelfMetrics(self.spec, labels)
+        self.store = TrainingStore(self.spec, self.self_metrics, labels, max_unmapped=config.max_unmapped)
+        self.registry = CollectorRegistry(auto_describe=False)
+        if before_scrape is not None:  # registered first: it runs before every other collector
+            self.registry.register(_BeforeScrape(before_scrape))
+        self.registry.register(SafeCollector(self.self_metrics, "exporter", self.self_metrics))
+        # client_python's standard process_* series: the sidecar's own CPU and memory.
+        ProcessCollector(registry=self.registry)
+        self.sampler = Sampler(build_collectors(config.collectors, self.context()), self.spec, self.self_metrics,
+                               labels, interval=config.interval, slow_interval=config.slow_interval)
+        # The training store's and the sampler's series are rendered by exposition.py (fast, cached
+        # prefixes); the registry keeps the sidecar's own health and client_python's process_* series.
+        self.follower: VerlFileFollower | None = None
+        if config.verl_log:
+            self.follower = VerlFileFollower(
+                config.verl_log, self.store, self.self_metrics, poll_interval=config.poll_interval,
+                max_line_bytes=config.max_line_bytes, recover_bytes=config.recover_bytes)
+        self.server: HttpServer | None = None
+        self.file_sd: FileSdRegistration | None = None
+        self.control: ControlState | None = None
+        # A Monitor passes its token directly; the CLI's sidecar reads it from env or file.
+        self._control_token = control_token or read_token(config.control_token_env, config.control_token_file)
+        if self._control_token:
+            path = control_file or config.control_file or default_control_file(config.checkpoint_dir)
+            if not path:
+                raise ValueError("the control endpoint needs a control file (or a checkpoint directory)")
+            self.control = ControlState(path, mode=parse_file_mode(config.control_file_mode))
+            self.self_metrics.inc("verl_exporter_control_requests_total", 0, action="checkpoint", result="accepted")
+
+    def context(self) -> Context:
+        c = self.config
+        return Context(spec=self.spec, self_metrics=self.self_metrics, procfs=c.procfs, gpus=c.gpus,
+                       local_rank=c.local_rank, trainer_pid=c.trainer_pid, checkpoint_dir=c.checkpoint_dir,
+                       watch_paths=c.watch_paths, gpu_pcie_throughput=c.gpu_pcie_throughput,
+                       checkpoint_grace_s=c.checkpoint_grace, checkpoint_verify=c.checkpoint_verify,
+                       environ=dict(os.environ))
+
+    def trainer_liveness(self, now: float | None = None) -> tuple[bool, str]:
+        """Is the watched trainer alive and stepping? Only judged when asked (--hang-factor, --trainer-pid)."""
+        c = self.config
+        if c.trainer_pid is not None:
+            try:
+                os.kill(c.trainer_pid, 0)
+            except ProcessLookupError:
+                return False, f"trainer pid {c.trainer_pid} is gone"
+            except PermissionError:
+                pass  # exists, owned by someone else
+        if c.hang_factor > 0 and self.store.step_time is not None:
+            now = time.time() if now is None else now
+            recent = self.store.recent_step_seconds()
+            limit = max(c.hang_min_seconds, c.hang_factor * recent) if recent else c.hang_min_seconds
+            age = now - self.store.step_time
+            if age > limit:
+                return False, f"no new step for {age:.0f} s (limit {limit:.0f} s)"
+        return True, "ok"
+
+    def sidecar_health(self) -> tuple[bool, dict]:
+        """/healthz/sidecar: the process and its sources, never the trainer."""
+        return self._health(check_trainer=False)
+
+    def health(self) -> tuple[bool, dict]:
+        """/healthz: the sidecar, and the trainer's liveness when --hang-factor / --trainer-pid ask for it."""
+        return self._health(check_trainer=True)
+
+    def _health(self, check_trainer: bool) -> tuple[bool, dict]:
+        sources = {}
+        collectors = {c.name: "ok" if self.self_metrics.value("verl_exporter_collector_success", collector=c.name)
+                      else "failing" for c in self.sampler.collectors}
+        if self.follower:
+            sources["verl_log"] = {"path": self.follower.path, "state": self.follower.status()}
+        healthy = all(not s["state"].startswith("error") for s in sources.values())
+        details = {"sources": sources, "collectors": collectors, "step": self.store.step, "pid": os.getpid()}
+        if check_trainer and (self.config.hang_factor > 0 or self.config.trainer_pid is not None):
+            alive, why = self.trainer_liveness()
+            details["trainer"] = why
+            healthy = healthy and alive
+        return healthy, details
+
+    def start(self) -> Sidecar:
+        rank = "-" if self.config.rank is None else self.config.rank
+        summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={rank})."
+        handlers = []
+        if self.control:
+            handlers.append(make_control_app(self.control, self._control_token, self.self_metrics))
+        handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
+        app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
+                       renderers=[self.store.render, self.sampler.render])
+        self.server = HttpServer(app, self.config.listen, on_problem=lambda kind, message: (
+            self.self_metrics.problem("http", kind, message)))  # bound: the port is known, nothing served yet
+        if self.config.file_sd:  # registered before serving: once /healthz answers, discovery has us
+            self.file_sd = FileSdRegistration(self.config.file_sd, self.config.advertise or advertise_host(),
+                                              self.server.port)
+            self.file_sd.start(on_error=lambda e: self.self_metrics.problem(
+                "file_sd", "write", f"cannot write {self.file_sd.path}: {e}"))
+        self.server.start()
+        self.sampler.start()
+        if self.follower:
+            self.follower.start()
+        log.info("verl-exporter serving on %s/metrics%s", self.server.url,
+                 f", following {self.config.verl_log}" if self.config.verl_log else "")
+        return self
+
+    def stop(self) -> None:
+        if self.file_sd:
+            self.file_sd.stop()
+        if self.follower:
+            self.follower.stop()
+        self.sampler.stop()
+        if self.server:
+            self.server.stop()
+
+
+class _BeforeScrape:
+    """A collector that yields nothing and runs a hook (e.g. the Monitor draining its queue)."""
+
+    def __init__(self, hook):
+        self._hook = hook
+
+    def collect(self):
+        self._hook()
+        return []
+

@@ -1,0 +1,287 @@
+"""The latest training values, fed by the sources and read by the scrape.
+
+``ingest()`` takes one logged step (verl's ``data`` dict) and maps each key through the spec; ``render()``
+copies the values under a short lock (``series()``) and renders the text outside it, so a scrape never waits
+on a source for longer than one copy and a source never waits on a slow scraper.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..core.detect import Detectors
+from ..core.exposition import TextRenderer
+from ..core.selfmetrics import SelfMetrics
+from ..spec import MetricSpec, Spec
+from .mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH, KeyMapper, Resolved, unmapped_name
+
+DEFAULT_MAX_UNMAPPED = 100
+# Deeper nesting than this in a logged dict is not flattened further (a guard against cycles and abuse).
+_MAX_DEPTH = 8
+# verl's steps are non-negative integers; above 2**53 a float no longer holds every integer.
+_MAX_STEP = 2**53
+
+
+def flatten(data: Mapping, prefix: str = "", depth: int = 1) -> Iterator[tuple[str, Any]]:
+    """verl's dicts are flat; custom code may nest them: {"a": {"b": 1}} is exported as key "a/b"."""
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and depth < _MAX_DEPTH:
+            yield from flatten(value, full + "/", depth + 1)
+        else:
+            yield full, value
+
+
+def as_number(value: Any) -> float | str:
+    """The float a logged value stands for, or the reason it is not a number.
+
+    None is verl's NaN/Inf (orjson writes them as null) and becomes NaN: the signal must not vanish.
+    """
+    if value is None:
+        return math.nan
+    if isinstance(value, float):
+        return value
+    if isinstance(value, (bool, int)):
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            return "out_of_range"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, Mapping):
+        return "too_deep"
+    # numpy scalars and 0-d tensors; never reached on the training thread (see Monitor).
+    if hasattr(value, "__float__"):
+        try:
+            return float(value)
+        except OverflowError:
+            return "out_of_range"
+        except (TypeError, ValueError, RuntimeError):
+            return "not_a_scalar"
+    return "other"
+
+
+def as_step(step: Any) -> float | None:
+    """The step as a float, or None when it is not a non-negative integer (verl's steps are)."""
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        return None
+    if isinstance(step, float) and not step.is_integer():  # also NaN and Inf
+        return None
+    return float(step) if 0 <= step < _MAX_STEP else None
+
+
+def _nonfinite(value: float) -> bool:
+    return value != value or value in (math.inf, -math.inf)  # without a function call: the hot path
+
+
+class TrainingStore:
+    def __init__(self, spec: Spec, self_metrics: SelfMetrics, const_labels: dict[str, str] | None = None,
+                 max_unmapped: int = DEFAULT_MAX_UNMAPPED):
+        self._spec = spec
+        self._mapper = KeyMapper(spec)
+        self._self = self_metrics
+        self._const = dict(const_labels or {})
+        self._max_unmapped = max_unmapped
+        self._lock = threading.Lock()
+        # metric name -> {label values -> value}
+        self._series: dict[str, dict[tuple[str, ...], float]] = {}
+        # sanitised name -> (original key, value)
+        self._unmapped: dict[str, tuple[str, float]] = {}
+        self._nonfinite: dict[str, float] = {}
+        self._step: float | None = None
+        self._step_time: float | None = None
+        self._step_times: deque[float] = deque(maxlen=21)  # when each of the recent new steps was seen
+        self._step_metric = spec.with_field("step")
+        self._step_time_metric = spec.with_field("step_time")
+        self._nonfinite_metric = spec.with_field("nonfinite")
+        self._unmapped_specs: dict[str, MetricSpec] = {}
+        self._renderer = TextRenderer(self._const)
+        # Step-domain baselines of the spec's adaptive signals, exported as verl_detector_* gauges.
+        self.detectors = Detectors.from_spec(spec)
+
+    # ------------------------------------------------------------------ writing
+    def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
+        """Record one logged step. Never raises on bad values: they are counted instead."""
+        new_step = False
+        with self._lock:
+            for key, raw in data.items():
+                # Fast path first: verl's values are floats and ints; flatten only what is nested.
+                if type(raw) is float and type(key) is str:
+                    self._put(key, raw)
+                elif isinstance(raw, Mapping):
+                    for sub_key, sub_raw in flatten(raw, f"{key}/"):
+                        self._put_raw(sub_key, sub_raw)
+                else:
+                    self._put_raw(key, raw)
+            for key, resolved in self._mapper.conditional(data):
+                value = as_number(data[key])
+                if not isinstance(value, str):  # a rejected value was counted once already, above
+                    self._put(key, value, resolved)
+            valid = as_step(step)
+            if valid is not None:
+                if valid != self._step:
+                    self._step_times.append(seen_at)
+                    new_step = True
+                self._step = valid
+                self._step_time = seen_at
+            elif step is not None:
+                self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
+        if new_step:
+            # Outside the lock (a scrape never waits for it); each signal swaps in a new stats dict at once.
+            self.detectors.observe(step, data, seen_at)
+
+    def count_nonfinite(self, data: Mapping) -> None:
+        """Count the NaN/Inf values of a logged step without exporting its values.
+
+        For the part of the file before the tail a restarted sidecar recovers from: the NaN counter is a
+        function of the whole file, so a restart shows Prometheus the same count, not a reset.
+        """
+        with self._lock:
+            for key, raw in flatten(data):
+                value = as_number(raw)
+                if not isinstance(value, str) and _nonfinite(value):
+                    key = str(key)
+                    resolved = self._resolve(key)
+                    if not isinstance(resolved, str):
+                        self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+            for key, resolved in self._mapper.conditional(data):  # as ingest() counts a stand-in's NaN
+                value = as_number(data[key])
+                if not isinstance(value, str) and _nonfinite(value):
+                    self._count_nonfinite(resolved.metric.name)
+
+    def reset_nonfinite(self) -> None:
+        """Forget the NaN counts: the followed file was truncated or replaced (counts are per file)."""
+        with self._lock:
+            self._nonfinite.clear()
+
+    def _put_raw(self, key: Any, raw: Any) -> None:
+        value = as_number(raw)
+        if isinstance(value, str):
+            self._self.inc("verl_exporter_values_rejected_total", reason=value)
+        else:
+            self._put(str(key), value)
+
+    def _resolve(self, key: str) -> Resolved | None | str:
+        """The spec entry a key feeds (None: unmapped), or the reason it is too long to export."""
+        length = len(key)
+        if length > MAX_KEY_LENGTH:
+            return "key_too_long"
+        resolved = self._mapper.resolve(key)
+        # A label value is part of its key: only a long key can hold a long one (keeps the hot path short).
+        if length > MAX_LABEL_LENGTH and resolved and any(len(v) > MAX_LABEL_LENGTH for v in resolved.label_values):
+            return "label_too_long"
+        return resolved
+
+    def _put(self, key: str, value: float, resolved: Resolved | None = None) -> None:
+        """Store one value; ``resolved`` when the caller already knows the entry (a key standing in)."""
+        if resolved is None:
+            resolved = self._mapper.resolve(key) if len(key) <= MAX_LABEL_LENGTH else self._resolve(key)
+        if resolved.__class__ is str:
+            self._self.inc("verl_exporter_values_rejected_total", reason=resolved)
+            return
+        if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
+            # Counted before any cap, and under a name that depends on the key alone, so that the count
+            # can be rebuilt from the file after a restart (see count_nonfinite).
+            self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+        if resolved is None:
+            self._self.inc("verl_exporter_unmapped_values_total")
+            self._put_unmapped(key, value)
+            return
+        series = self._series.get(resolved.metric.name)
+        if series is None:
+            series = self._series[resolved.metric.name] = {}
+        labels = resolved.label_values
+        if labels not in series and len(series) >= resolved.metric.max_series:
+            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+            return
+        series[labels] = value * resolved.scale if resolved.scale != 1.0 else value
+
+    def _count_nonfinite(self, name: str) -> None:
+        if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_metric.max_series:
+            self._nonfinite[name] = self._nonfinite.get(name, 0.0) + 1.0
+        else:
+            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+
+    def _put_unmapped(self, key: str, value: float) -> None:
+        name = unmapped_name(key)
+        known = self._unmapped.get(name)
+        if known is None:
+            if len(self._unmapped) >= self._max_unmapped:
+                self._self.inc("verl_exporter_series_dropped_total", reason="unmapped_cap")
+                return
+        elif known[0] != key:
+            # Two keys that sanitise to one name ("a/b" and "a.b"): the first one keeps it.
+            self._self.inc("verl_exporter_series_dropped_total", reason="name_clash")
+            return
+        self._unmapped[name] = (key, value)
+        if known is None:  # a new series: the only time the count changes
+            self._self.set("verl_exporter_unmapped_series", len(self._unmapped))
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def step(self) -> float | None:
+        return self._step
+
+    @property
+    def step_time(self) -> float | None:
+        return self._step_time
+
+    def recent_step_seconds(self) -> float | None:
+        """Median time between recent new steps (None until two were seen live)."""
+        with self._lock:
+            times = list(self._step_times)
+        gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b > a)
+        return gaps[len(gaps) // 2] if gaps else None
+
+    def nonfinite_counts(self) -> dict[str, float]:
+        """NaN/Inf values counted so far, by metric name."""
+        with self._lock:
+            return dict(self._nonfinite)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """One exported value (None when absent); for tests and the demo's summary."""
+        with self._lock:
+            if name in self._spec:
+                metric = self._spec[name]
+                key = tuple(labels[label] for label in metric.labels)
+                return self._series.get(name, {}).get(key)
+            entry = self._unmapped.get(name)
+            return entry[1] if entry else None
+
+    def series(self) -> list[tuple[MetricSpec, dict[tuple[str, ...], float]]]:
+        """A consistent copy of every metric's series, taken under the lock; rendered into text outside it."""
+        with self._lock:
+            series = {name: dict(values) for name, values in self._series.items()}
+            unmapped = dict(self._unmapped)
+            nonfinite = dict(self._nonfinite)
+            step, step_time = self._step, self._step_time
+            detector_rows = self.detectors.rows()
+        out: list[tuple[MetricSpec, dict]] = []
+        if step is not None:
+            out.append((self._step_metric, {(): step}))
+            out.append((self._step_time_metric, {(): step_time}))
+        out.append((self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}))
+        out.extend((self._spec[name], series[name]) for name in sorted(series))
+        out.extend((self._spec[name], rows) for name, rows in sorted(detector_rows.items()))
+        for name in sorted(unmapped):
+            key, value = unmapped[name]
+            out.append((self._unmapped_spec(name, key), {(): value}))
+        return out
+
+    def _unmapped_spec(self, name: str, key: str) -> MetricSpec:
+        """An ad-hoc gauge entry for an unmapped key (cached: the cap bounds how many there are)."""
+        metric = self._unmapped_specs.get(name)
+        if metric is None:
+            metric = MetricSpec(name=name, type="gauge", unit="", help=f"Unmapped verl key {key!r} "
+                                "(no spec entry matches it).", layer="data", labels=())
+            self._unmapped_specs[name] = metric
+        return metric
+
+    def render(self, openmetrics: bool = False) -> str:
+        return self._renderer.render(self.series(), openmetrics)

@@ -1,0 +1,524 @@
+"""One replay engine: simulate verl runs, replay any verl file-logger JSONL through the real sidecar path onto a
+simulated clock, and evaluate the generated alert rules on it with promtool's rule engine.
+
+* ``simulate(profile, fault)`` writes a verl run (verl 0.9.1 keys) step by step: healthy PPO, GRPO and agentic
+  profiles with batch noise, heavy-tailed outliers and step times from seconds to 10 minutes, plus
+  injectable faults (collapse, slow decline, clipping, memory leak, hang, NaN, slowdown, ...).
+* ``replay(lines)`` appends each line to a file that the real ``VerlFileFollower`` polls on a simulated clock
+  (the step's end, from ``timing_s/step`` or a given period); the real ``TrainingStore`` maps the keys through
+  the spec and runs the step-domain detectors; every ``scrape_s`` the exported series are sampled, as
+  Prometheus would scrape them.
+* ``evaluate(samples)`` writes the samples as promtool input series with the generated rule files and reads
+  back, minute by minute, which alerts start firing and with which value (``promtool test rules``).
+
+The demo, the scenario tests, ``verl-exporter backtest`` and the benchmarks all go through this module.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.detect import step_duration, step_seconds_keys
+from ..core.selfmetrics import SelfMetrics
+from ..sidecar.sources import console
+from ..sidecar.sources.verl_file import VerlFileFollower
+from ..sidecar.store import TrainingStore
+from ..spec import Spec, load_spec
+from ..spec.rules import duration_seconds
+
+JOB, INSTANCE, RANK = "verl", "replay:9477", "0"
+GIB = 1024**3
+
+
+# ---------------------------------------------------------------------------------------------- simulator
+@dataclass(frozen=True)
+class Profile:
+    """A kind of healthy run: sizes, speeds and the shape of its curves."""
+
+    name: str
+    steps: int
+    step_s: float  # mean step time at the start
+    batch: int  # responses per step (sets the batch noise of the score)
+    len0: float  # mean response length at the start, and its rise
+    len_gain: float
+    max_len: int
+    score0: float  # score: score0 + gain * (1 - exp(-step / tau))
+    score_gain: float
+    score_tau: float
+    ent0: float  # entropy: decays from ent0 to ent_end
+    ent_end: float
+    kl_key: str  # actor/kl_loss (GRPO) or actor/reward_kl_penalty (PPO's in-reward KL)
+    critic: bool = False
+    mem_gib: float = 60.0
+    gpus: int = 8
+
+
+PROFILES = {
+    "ppo": Profile("ppo", steps=300, step_s=30.0, batch=1024, len0=220, len_gain=120, max_len=1024, score0=0.1,
+                   score_gain=0.65, score_tau=80, ent0=1.1, ent_end=0.5, kl_key="actor/reward_kl_penalty",
+                   critic=True, mem_gib=52.0),
+    "grpo": Profile("grpo", steps=240, step_s=60.0, batch=1280, len0=300, len_gain=400, max_len=4096, score0=0.05,
+                    score_gain=0.6, score_tau=70, ent0=0.9, ent_end=0.4, kl_key="actor/kl_loss", mem_gib=64.0),
+    "agentic": Profile("agentic", steps=60, step_s=420.0, batch=256, len0=1500, len_gain=2500, max_len=8192,
+                       score0=-0.55, score_gain=0.3, score_tau=25, ent0=0.7, ent_end=0.45,
+                       kl_key="actor/kl_loss", mem_gib=70.0, gpus=16),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure injected from step ``at`` on: ``kind`` is one of FAULTS."""
+
+    kind: str
+    at: int
+
+
+def _fault_state(kind: str, k: int, s: dict, p: Profile) -> None:
+    """Change step k (0 = the fault's first step) of a run's state in place."""
+    if kind == "score_drop":  # the reward falls from its (still rising) curve to below its start at once
+        s["score"] = p.score0 - 0.25 + s["noise"]
+    elif kind == "collapse":  # answers collapse to a token, the score to its floor, in-reward KL explodes
+        f = min(1.0, (k + 1) / 3)
+        s["length"] = max(1.0, s["length"] * (1 - f) + f)
+        s["score"] = s["score"] * (1 - f) + f * (-1.0 if p.score0 < 0 else 0.0)
+        s["entropy"] *= 1 - 0.9 * f
+        s["kl"] = s["kl"] + f * 15.0
+        s["aborted"] = 0.6 * f
+    elif kind == "slow_decline":  # the score slides and the entropy climbs to 3x over ~60 steps
+        f = min(1.0, k / 60)
+        s["score"] -= 0.4 * f
+        s["entropy"] *= 1 + 2.0 * f
+    elif kind == "clip":  # ~45% of responses hit the length cap
+        s["clip"] = 0.45 + s["noise"] / 10
+        s["length"] = 0.7 * p.max_len
+    elif kind == "memory_leak":  # verl's peak reserved memory climbs ~9 GiB/h
+        s["mem"] += 9.0 * s["since_fault_s"] / 3600
+    elif kind == "nan":
+        if k < 3:
+            s["grad"] = math.nan
+    elif kind == "slowdown":  # the rollout engine halves its speed: per-token latency doubles
+        s["gen_x"] *= 2.0
+    elif kind == "entropy_collapse":
+        s["entropy"] *= 0.15
+    elif kind == "kl_blowup":
+        s["kl"] += 2.0 + 0.2 * k
+    elif kind == "grad_spike":  # an explosion starts: two steps at ~100x, then NaN would follow
+        if k < 2:
+            s["grad"] *= 100
+    elif kind == "grad_explosion":  # the demo's fault, as verl issue reports tell it: the gradient norm climbs
+        # to ~40x over 5 steps, is NaN (with the loss) for 3, then stays large while the policy collapses
+        if k < 5:
+            s["grad"] *= (2.5, 6.0, 12.0, 24.0, 40.0)[k]
+        elif k < 8:
+            s["grad"] = s["loss"] = math.nan
+        else:
+            f = 1 - 0.9 * math.exp(-(k - 8) / 4)
+            s["grad"] *= 8.0
+            s["score"] = s["score"] * (1 - f) + 0.05 * f
+            s["length"] = s["length"] * (1 - f) + 20.0 * f
+            s["entropy"] *= 1 - 0.93 * f
+            s["kl"] += 0.5 * f
+            s["ppo_kl_x"] = 1 + 50 * f
+            s["aborted"] = 0.4 * f
+    elif kind != "hang":
+        raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
+
+
+FAULTS = ("score_drop", "collapse", "slow_decline", "clip", "memory_leak", "nan", "slowdown", "entropy_collapse",
+          "kl_blowup", "grad_spike", "grad_explosion", "hang")
+
+
+def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | None = None,
+             seed: int = 20261130, every_key: bool = False) -> list[dict]:
+    """A verl file-logger run, one dict per line: {"step": n, "data": {verl key: value}} (NaN as None).
+
+    every_key adds the rest of what verl 0.9.1's PPO loop logs, with the quirks of real files (see
+    _verl_extras); the core keys keep the same values either way."""
+    p = PROFILES[profile] if isinstance(profile, str) else profile
+    rng = random.Random(f"{seed}:{p.name}")
+    extras_rng = random.Random(f"{seed}:{p.name}:extras")
+    n = steps or p.steps
+    out: list[dict] = []
+    t = 0.0
+    fault_t = None
+    for i in range(1, n + 1):
+        g = rng.gauss
+        heavy = 3.0 if rng.random() < 0.03 else 1.0  # an odd batch now and then
+        sigma = 0.5 / math.sqrt(p.batch) * 2.0
+        s = {"noise": g(0, sigma) * heavy}
+        s["score"] = p.score0 + p.score_gain * (1 - math.exp(-i / p.score_tau)) + s["noise"]
+        s["length"] = (p.len0 + p.len_gain * (1 - math.exp(-i / 120))) * (1 + g(0, 0.03))
+        s["entropy"] = (p.ent_end + (p.ent0 - p.ent_end) * math.exp(-i / 90)) * (1 + g(0, 0.03))
+        s["kl"] = max(0.0, 0.002 + 0.04 * (1 - math.exp(-i / 150))) * (1 + g(0, 0.1))
+        s["grad"] = (0.2 + 0.3 * math.exp(-i / 200)) * math.exp(g(0, 0.2)) * (2.5 if rng.random() < 0.02 else 1)
+        s["clip"] = None
+        s["aborted"] = rng.uniform(0.0, 0.004) if rng.random() < 0.15 else 0.0
+        s["mem"] = p.mem_gib + g(0, 0.03)
+        s["gen_x"] = (1 + g(0, 0.04)) * (1.5 if i == 1 else 1.0)
+        s["loss"], s["ppo_kl_x"] = 0.0, 1.0
+        hang = False
+        if fault is not None and i >= fault.at:
+            fault_t = t if fault_t is None else fault_t
+            s["since_fault_s"] = t - fault_t
+            if fault.kind == "hang":
+                hang = True
+            else:
+                _fault_state(fault.kind, i - fault.at, s, p)
+        if hang:
+            break
+        length = max(1.0, s["length"])
+        clip = s["clip"] if s["clip"] is not None else \
+            min(1.0, max(0.0, 0.002 + 0.5 * max(0.0, length / p.max_len - 0.3) + abs(g(0, 0.003))))
+        tokens = p.batch * (length + 200)
+        per_token_s = p.step_s * 0.5 / (p.batch * (p.len0 + 200)) * s["gen_x"]
+        gen = per_token_s * p.batch * length + 2.0
+        update = p.step_s * 0.35 * tokens / (p.batch * (p.len0 + 200)) * (1 + g(0, 0.03))
+        step_s = gen + update + p.step_s * 0.15 * (1 + g(0, 0.05))
+        d: dict = {
+            "actor/pg_loss": g(-0.004, 0.015) + s["loss"], "actor/entropy": s["entropy"],
+            "actor/ppo_kl": 1e-4 * (1 + g(0, 0.5)) * s["ppo_kl_x"],
+            "actor/pg_clipfrac": 0.004 + abs(g(0, 0.0015)), "actor/grad_norm": s["grad"], "actor/lr": 1e-6,
+            p.kl_key: s["kl"],
+            "critic/score/mean": s["score"], "critic/score/max": 1.0, "critic/score/min": -1.0,
+            "critic/rewards/mean": s["score"], "response_length/mean": length,
+            "response_length/max": float(p.max_len if clip > 0.0 else length * 2),
+            "response_length/min": 1.0, "response_length/clip_ratio": clip, "response/aborted_ratio": s["aborted"],
+            "prompt_length/mean": 200.0, "timing_s/gen": gen, "timing_s/update_actor": update,
+            "timing_s/step": step_s, "timing_per_token_ms/gen": per_token_s * 1000 * (1 + g(0, 0.02)),
+            "perf/total_num_tokens": tokens, "perf/time_per_step": step_s,
+            "perf/throughput": tokens / step_s / p.gpus, "perf/max_memory_allocated_gb": s["mem"] - 6.0,
+            "perf/max_memory_reserved_gb": s["mem"], "perf/mfu/actor": 0.35 * (1 + g(0, 0.03)),
+            "training/global_step": float(i),
+        }
+        if p.critic:
+            d["critic/vf_loss"] = 0.3 * math.exp(-i / 100) + 0.04
+            d["critic/vf_explained_var"] = 0.6 - 0.8 * math.exp(-i / 60) + g(0, 0.03)
+        if every_key:
+            _verl_extras(d, i, p, extras_rng)
+        data = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+        out.append({"step": i, "data": data})
+        t += step_s
+    return out
+
+
+VAL_EVERY, SAVE_EVERY, STEPS_PER_EPOCH, NOTE_STEP, VAL_TAG = 20, 50, 100, 100, "openai/gsm8k"
+
+
+def _verl_extras(d: dict, i: int, p: Profile, rng: random.Random) -> None:
+    """The rest of a verl 0.9.1 PPO step's keys, derived from the core ones, with real files' quirks: integer
+    counters written as JSON integers, `val-*` and `timing_s/testing` only on validation steps,
+    `timing_s/save_checkpoint` only on save steps, and a string value (`training/note`) at one step."""
+    g = rng.gauss
+    length, score, step_s = d["response_length/mean"], d["critic/score/mean"], d["timing_s/step"]
+    tokens = int(d["perf/total_num_tokens"])
+    d.update({
+        "actor/entropy_loss": d["actor/entropy"], "actor/kl_coef": 0.001, "actor/loss": d["actor/pg_loss"],
+        "actor/pg_clipfrac_lower": abs(g(0, 2e-4)), "actor/mfu": d["perf/mfu/actor"],
+        "actor/reward_kl_penalty_coeff": 0.001,
+        "critic/rewards/max": 1.0, "critic/rewards/min": -1.0 if p.score0 < 0 else 0.0,
+        "critic/advantages/mean": g(0, 4e-9), "critic/advantages/max": 3.4 + rng.random(),
+        "critic/advantages/min": -3.1 - rng.random(), "critic/returns/mean": score + g(0, 0.006),
+        "critic/returns/max": 1.0, "critic/returns/min": -0.01,
+        "response_length_non_aborted/mean": length, "response_length_non_aborted/max": d["response_length/max"],
+        "response_length_non_aborted/min": d["response_length/min"],
+        "response_length_non_aborted/clip_ratio": d["response_length/clip_ratio"],
+        "prompt_length/max": float(rng.randint(236, 262)), "prompt_length/min": float(rng.randint(54, 66)),
+        "prompt_length/clip_ratio": 0.0,
+        "global_seqlen/min": tokens // p.gpus - 900, "global_seqlen/max": tokens // p.gpus + 900,
+        "global_seqlen/minmax_diff": 1800, "global_seqlen/mean": tokens / p.gpus,
+        "perf/total_num_tokens": tokens, "perf/cpu_memory_used_gb": 82.0 + g(0, 0.2),
+        "perf/mfu/actor_infer": 0.2 * (1 + g(0, 0.03)),
+        "training/global_step": i, "training/epoch": (i - 1) // STEPS_PER_EPOCH,
+        "training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": 0.4 + 0.1 * rng.random(),
+        "training/rollout_probs_diff_mean": 0.003 * (1 + g(0, 0.1)),
+        "training/rollout_probs_diff_std": 0.01 * (1 + g(0, 0.1)),
+    })
+    for name, share in (("reward", 0.02), ("old_log_prob", 0.05), ("ref", 0.05), ("adv", 0.01)):
+        d[f"timing_s/{name}"] = step_s * share
+        d[f"timing_per_token_ms/{name}"] = step_s * share * 1000 / tokens
+    if p.critic:
+        value = score - 0.05 + g(0, 0.004)
+        d.update({"critic/values/mean": value, "critic/values/max": value + 0.55, "critic/values/min": value - 0.55,
+                  "critic/vpred_mean": value, "critic/vf_clipfrac": abs(g(0, 0.002)), "critic/lr": 1e-5,
+                  "critic/grad_norm": 1.0 * math.exp(g(0, 0.2)), "critic/mfu": 0.3 * (1 + g(0, 0.03)),
+                  "perf/mfu/critic": 0.3 * (1 + g(0, 0.03)), "timing_s/values": step_s * 0.05,
+                  "timing_s/update_critic": step_s * 0.1})
+    if i % VAL_EVERY == 0:
+        v = min(0.97, max(0.005, score - 0.03 + g(0, 0.012)))
+        d["timing_s/testing"] = 40.0 * (1 + g(0, 0.05))
+        d[f"val-core/{VAL_TAG}/reward/mean@4"] = v
+        d[f"val-core/{VAL_TAG}/reward/best@4/mean"] = 1 - (1 - v) ** 2.1
+        d[f"val-aux/{VAL_TAG}/reward/std@4"] = 0.8 * math.sqrt(v * (1 - v))
+    if i % SAVE_EVERY == 0:
+        d["timing_s/save_checkpoint"] = rng.uniform(21.0, 29.0)
+    if i == NOTE_STEP:
+        d["training/note"] = "resumed-from-ckpt"
+
+
+def write_jsonl(lines: Iterable[dict], path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line, allow_nan=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- replay
+class NotAVerlLog(ValueError):
+    """The file is not a verl file-logger JSONL (no line of the form {"step": N, "data": {...}})."""
+
+
+
+
+def read_jsonl(path: str | Path, probe: int = 50) -> list[dict]:
+    """The lines of a verl run: file-logger JSONL (optionally .gz), or else verl's console output
+    (``step:N - key:value``, read by ``sources.console``: Ray prefixes, one key per line, notebooks, cut lines).
+    Raises NotAVerlLog when neither is found, or when a console log holds several runs."""
+    lines: list[dict] = []
+    bad = 0
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict) and isinstance(obj.get("data"), dict) and isinstance(obj.get("step"), int):
+                lines.append(obj)
+                continue
+            bad += 1
+            if not lines and n >= probe:
+                break
+    if lines:
+        return lines
+    try:
+        records = console.convert(console.read_text(str(path)))
+    except console.ConsoleLogError as e:
+        raise NotAVerlLog(f"{path}: not a verl log: no line is {{\"step\": N, \"data\": {{...}}}} (the file logger) "
+                          f"and as a console log: {e} ({bad} other lines); enable the file logger with "
+                          "trainer.logger='[\"console\",\"file\"]'") from None
+    return [{"step": step, "data": data} for step, data in records]
+
+
+@dataclass
+class Samples:
+    """What Prometheus would have scraped: series -> one value (or None) per scrape, and the step times."""
+
+    scrape_s: float
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], list[float | None]] = field(default_factory=dict)
+    step_end_s: list[tuple[int, float]] = field(default_factory=list)  # (step, simulated end time)
+
+    @property
+    def length(self) -> int:
+        return max((len(v) for v in self.series.values()), default=0)
+
+    def get(self, name: str, **labels: str) -> list[float | None]:
+        for (n, lab), values in self.series.items():
+            if n == name and labels.items() <= dict(lab).items():
+                return values
+        return []
+
+
+def step_period(lines: list[dict], given: float | None = None, spec: Spec | None = None) -> list[float]:
+    """Each step's duration: as logged (`timing_s/step`, `timing/step` in older verl; else the median of those
+    logged, else 60 s), or `given`."""
+    if given:
+        return [given] * len(lines)
+    keys = step_seconds_keys(spec or load_spec())
+    logged = [step_duration(ln["data"], keys) for ln in lines]
+    ok = sorted(x for x in logged if x is not None)
+    fallback = ok[len(ok) // 2] if ok else 60.0
+    return [x if x is not None else fallback for x in logged]
+
+
+def replay(lines: list[dict], spec: Spec | None = None, run: str = "replay", scrape_s: float = 60.0,
+           period_s: float | None = None, tail_s: float = 0.0,
+           progress: Callable[[int, int], None] | None = None) -> Samples:
+    """Push the lines through the real follower, store, mapper and detectors on a simulated clock.
+
+    The run starts at t=0; step i ends after the durations of steps 1..i (``timing_s/step``, or period_s);
+    Prometheus scrapes every scrape_s until tail_s after the last step (tail_s shows a hang after the end)."""
+    durations = step_period(lines, period_s, spec)
+    ends, t = [], 0.0
+    for d in durations:
+        t += d
+        ends.append(t)
+    scrapes = math.ceil((t + tail_s) / scrape_s) + 1  # the last scrape comes after the last line
+    return replay_timed(list(zip(ends, lines, strict=True)), scrapes, spec, run=run, scrape_s=scrape_s,
+                        progress=progress)
+
+
+def replay_timed(events: list[tuple[float, dict]], scrapes: int, spec: Spec | None = None, run: str = "replay",
+                 instance: str = INSTANCE, scrape_s: float = 60.0,
+                 progress: Callable[[int, int], None] | None = None) -> Samples:
+    """Like replay(), with each line's time given: (seconds since the start when it is written, line)."""
+    spec = spec or load_spec()
+    clock = {"now": 0.0}
+    self_metrics = SelfMetrics(spec)
+    store = TrainingStore(spec, self_metrics, {"run": run, "rank": RANK})
+    samples = Samples(scrape_s)
+    with tempfile.TemporaryDirectory(prefix="verl-exporter-replay-") as tmp:
+        path = os.path.join(tmp, "run.jsonl")
+        open(path, "wb").close()
+        follower = VerlFileFollower(path, store, self_metrics, clock=lambda: clock["now"])
+        follower.poll()  # the first open "recovers" an empty file: later lines get the simulated clock
+        i = 0
+        with open(path, "ab", buffering=0) as f:
+            for m in range(scrapes):
+                now = m * scrape_s
+                while i < len(events) and events[i][0] <= now:
+                    clock["now"], line = events[i]
+                    f.write(json.dumps(line, allow_nan=False).encode() + b"\n")
+                    follower.poll()
+                    samples.step_end_s.append((int(line["step"]), events[i][0]))
+                    i += 1
+                    if progress:
+                        progress(i, len(events))
+                _sample(store, samples, m, run, instance)
+        follower.stop()
+    return samples
+
+
+def _sample(store: TrainingStore, samples: Samples, m: int, run: str, instance: str) -> None:
+    base = (("job", JOB), ("instance", instance), ("run", run), ("rank", RANK))
+    up = ("up", (("job", JOB), ("instance", instance)))
+    samples.series.setdefault(up, []).append(1.0)
+    for metric, rows in store.series():
+        if metric.name.startswith("verl_unmapped_"):
+            continue  # no rule reads them
+        for values, value in rows.items():
+            key = (metric.name, base + tuple(zip(metric.labels, values, strict=True)))
+            col = samples.series.setdefault(key, [])
+            col.extend([None] * (m - len(col)))
+            col.append(value)
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+@dataclass(frozen=True)
+class Firing:
+    alert: str
+    severity: str
+    minute: int  # when it started firing (minutes since the run started)
+    labels: tuple[tuple[str, str], ...]
+    value: float | None
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v)) if not float(v).is_integer() else str(int(v))
+
+
+def series_text(values: list[float | None]) -> str:
+    """promtool's series notation, run-length compressed: '1x9 2x4 _x3'."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and (values[j + 1] is values[i] is None or (
+                values[i] is not None and values[j + 1] is not None and values[j + 1] == values[i])):
+            j += 1
+        if values[i] is None:
+            out.append("_" if j == i else f"_x{j - i + 1}")
+        else:
+            out.append(_fmt(values[i]) if j == i else f"{_fmt(values[i])}x{j - i}")
+        i = j + 1
+    return " ".join(out)
+
+
+def _labels_text(name: str, labels: tuple[tuple[str, str], ...]) -> str:
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels)
+    return f"{name}{{{inner}}}"
+
+
+def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = None,
+             minutes_firing: dict[str, int] | None = None) -> list[Firing]:
+    """Every alert start (minute by minute) of the generated rules over the samples, with its value; when
+    minutes_firing is given, it is filled with the minutes each alert (any of its label sets) fired."""
+    import yaml
+
+    promtool = promtool or shutil.which("promtool")
+    if promtool is None:
+        raise RuntimeError("promtool is not installed (Debian: apt-get install prometheus)")
+    if samples.scrape_s != 60:
+        raise ValueError("evaluate() reads one sample a minute (scrape_s=60)")
+    rules_dir = Path(rules_dir).resolve()
+    # The alerting rules as the files hold them (not the spec): a backtest judges the rules it is given.
+    rules = [r for g in yaml.safe_load((rules_dir / "verl-alerts.yaml").read_text())["groups"]
+             for r in g["rules"] if "alert" in r]
+    severity = {r["alert"]: r.get("labels", {}).get("severity", "") for r in rules}
+    rule_labels = sorted({k for r in rules for k in r.get("labels", {})} | {"alertstate"})
+    minutes = samples.length
+    with tempfile.TemporaryDirectory(prefix="verl-exporter-eval-") as tmp:
+        # The value of each alert's expression, recorded beside it (the alert itself only says "firing").
+        values_rules = [{"record": "backtest:alert_value",
+                         "expr": f'label_replace({r["expr"]}, "alertname", "{r["alert"]}", "", "")'} for r in rules]
+        values_file = Path(tmp) / "values.yaml"
+        values_file.write_text(json.dumps({"groups": [{"name": "backtest", "rules": values_rules}]}))
+        starts = (f'backtest:alert_value and ignoring({", ".join(rule_labels)}) '
+                  '(ALERTS{alertstate="firing"} unless ALERTS{alertstate="firing"} offset 1m)')
+        doc = {
+            "rule_files": [str(rules_dir / "verl-recording.yaml"), str(rules_dir / "verl-alerts.yaml"),
+                           str(values_file)],
+            "evaluation_interval": "1m",
+            "tests": [{
+                "interval": "1m",
+                "input_series": [{"series": _labels_text(n, lab),
+                                  "values": series_text(v + [None] * (minutes - len(v)))}
+                                 for (n, lab), v in samples.series.items()],
+                "promql_expr_test": [{"expr": starts, "eval_time": f"{m}m", "exp_samples": []}
+                                     for m in range(1, minutes)] + [
+                    {"expr": f'sum by (alertname) (count_over_time(ALERTS{{alertstate="firing"}}[{minutes}m]))',
+                     "eval_time": f"{minutes - 1}m", "exp_samples": []}],
+            }],
+        }
+        path = Path(tmp) / "backtest-test.yaml"
+        path.write_text(json.dumps(doc))
+        proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    out: list[Firing] = []
+    minute, counting = 0, False
+    for line in (proc.stdout + proc.stderr).splitlines():
+        m = re.match(r'\s*expr: .*, time: ([0-9hms.]+),?\s*$', line)
+        if m:
+            minute = int(duration_seconds(m.group(1).replace(".", "")) // 60)
+            counting = "count_over_time" in line
+            continue
+        if counting:
+            for alert, count in re.findall(r'alertname="(\w+)"\} ([^\s,\]]+)', line):
+                if minutes_firing is not None:
+                    minutes_firing[alert] = int(float(count))
+            continue
+        m = re.match(r"\s*got: (.*)", line) or re.match(r"\s*(\{.*\}) (\S+)$", line)
+        if m:
+            for labels_text, value in re.findall(r"(\{[^}]*\}) ([^\s,\]]+)", line):
+                labels = tuple(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels_text))
+                d = dict(labels)
+                alert = d.get("alertname", "")
+                out.append(Firing(alert, severity.get(alert, ""), minute,
+                                  tuple((k, v) for k, v in labels if k != "alertname"), float(value)))
+    if proc.returncode != 0 and not out:
+        raise RuntimeError(f"promtool failed: {(proc.stdout + proc.stderr)[-4000:]}")
+    return out
+
+
+def step_at(samples: Samples, minute: int) -> int | None:
+    """The latest step logged by that minute (None before the first)."""
+    t = minute * 60.0
+    last = None
+    for step, end in samples.step_end_s:
+        if end > t:
+            break
+        last = step
+    return last
