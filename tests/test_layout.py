@@ -13,7 +13,7 @@ ROLES = ("core", "spec", "render", "sidecar", "trainer", "checkpoint", "relay", 
 # what each role may import from the package (besides itself); spec's one exception is core.detect
 ALLOWED = {
     "core": {"spec"},
-    "spec": {"core.detect"},
+    "spec": {"core.detect", "core.models"},
     "render": {"spec"},
     "sidecar": {"core", "spec", "checkpoint"},
     "trainer": {"sidecar", "core", "spec", "checkpoint"},

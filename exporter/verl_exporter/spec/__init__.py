@@ -3,7 +3,7 @@
 The YAML file beside this module is the single place where a metric is named. Loading is strict: every
 problem of every entry is collected and reported at once, each message naming the entry and the problem.
 
-May import: nothing else in the package but core.detect (the detectors' statistics).
+May import: core.detect (the detectors' statistics) and core.models (the typed-file base).
 """
 
 from __future__ import annotations

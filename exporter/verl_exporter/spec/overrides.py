@@ -22,9 +22,8 @@ promtool tests, the dashboards, Alertmanager, the PrometheusRule, the sidecar's 
 breaker, the replay) reads that Spec, so one knob changes every place it applies. Unknown keys, alert names
 and knob names are errors, each with the file's line.
 
-The model is pydantic v2 (strict mode, extra keys forbidden), not msgspec, although verl brings both: pydantic
-reports every problem of a document at once, each with its full location, where msgspec stops at the first;
-and it writes the JSON Schema (``verl-exporter schema overrides``) from the same model, descriptions included.
+The model is a core.models StrictModel (pydantic v2; why pydantic, there); ``verl-exporter schema overrides``
+writes its JSON Schema.
 """
 
 from __future__ import annotations
@@ -38,10 +37,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import Field, StringConstraints, field_validator
 
 from ..core.detect import MIN_STEPS_FLOOR
+from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate, where
 from . import LABEL_NAME_RE, Spec, load_spec
 from .rules import ALERT_NAME_RE, DURATION_RE, SEVERITIES, Alert, alert_signals, in_range, knobs, with_knobs
 
@@ -62,12 +61,7 @@ AlertName = Annotated[str, StringConstraints(pattern=ALERT_NAME_RE.pattern)]
 Url = Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True,
-                              frozen=True)
-
-
-class AlertOverride(_Strict):
+class AlertOverride(StrictModel):
     """What an overrides file may change on one alert of the pack."""
 
     enabled: bool | None = Field(None, description="false removes the alert (and the inhibit rules naming it)")
@@ -91,7 +85,7 @@ class AlertOverride(_Strict):
         return labels
 
 
-class GlobalOverrides(_Strict):
+class GlobalOverrides(StrictModel):
     """Where the rules point and where the alerts go."""
 
     selector: str | None = Field(None, description='label matchers every rule selects with, e.g. job="verl"')
@@ -110,7 +104,7 @@ class GlobalOverrides(_Strict):
         return value
 
 
-class Overrides(_Strict):
+class Overrides(StrictModel):
     """verl-exporter.yaml: knobs over the packaged alert pack."""
 
     version: Literal[1] = 1
@@ -118,13 +112,8 @@ class Overrides(_Strict):
     alerts: dict[AlertName, AlertOverride] = Field(default_factory=dict)
 
 
-class OverridesError(ValueError):
+class OverridesError(FileError):
     """An overrides file that cannot be used; ``problems`` lists every problem, each with its place."""
-
-    def __init__(self, problems: list[str], origin: str = "overrides"):
-        self.problems = problems
-        self.origin = origin
-        super().__init__(f"{origin}: {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -137,72 +126,14 @@ class LoadedOverrides:
 
     def where(self, *path) -> str:
         """'FILE:LINE' of the deepest key of path the file has."""
-        for n in range(len(path), 0, -1):
-            line = self.lines.get(tuple(path[:n]))
-            if line is not None:
-                return f"{self.origin}:{line}"
-        return self.origin
+        return where(self.origin, self.lines, path)
 
 
-def _key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """{key path: 1-based line} of every mapping key in a composed YAML node tree."""
-    out = {} if out is None else out
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = k.value
-            out[(*path, key)] = k.start_mark.line + 1
-            _key_lines(v, (*path, key), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out[(*path, i)] = v.start_mark.line + 1
-            _key_lines(v, (*path, i), out)
-    return out
-
-
-def _loc(loc: tuple) -> tuple:
-    """A pydantic error location as the file's key path (aliases as written; no union branch names)."""
-    out = []
-    for part in loc:
-        if part == "global_":
-            part = "global"
-        elif part == "for_":
-            part = "for"
-        if isinstance(part, str) and (part.startswith(("function-", "constrained-str")) or part in (
-                "str", "dict[str,constrained-str]", "dict[literal['critical','warning','info'],constrained-str]")):
-            continue
-        out.append(part)
-    return tuple(out)
-
-
-def _message(err: dict, path: tuple) -> str:
-    if err["type"] == "extra_forbidden":
-        return "unknown key"
+def _hint(err: dict, path: tuple) -> str | None:
     if path and path[-1] in ("for", "evaluation_interval") and err["type"] in ("string_type",
                                                                                "string_pattern_mismatch"):
         return f"must be a Prometheus duration like 10m, got {err['input']!r}"
-    msg = err["msg"]
-    return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
-
-
-def _problems(errors: list[dict], loaded: LoadedOverrides) -> list[str]:
-    """One line per problem, with FILE:LINE, in file order. A value that fits no branch of a union (a receiver
-    name or a per-severity mapping) is reported by the branch of its own type only."""
-    paths = [_loc(e["loc"]) for e in errors]
-    out: dict[str, int] = {}
-    for err, path in zip(errors, paths, strict=True):
-        wrong_branch = (err["type"] == "string_type" and isinstance(err["input"], dict)) or \
-                       (err["type"] == "dict_type" and isinstance(err["input"], str))
-        if wrong_branch and any(p != path and p[:len(path)] == path or (p == path and q is not err)
-                                for p, q in zip(paths, errors, strict=True)):
-            continue
-        message = _message(err, path)
-        if path and path[-1] == "[key]":
-            path = path[:-1]
-            message = f"the name {err['input']!r}: {message}"
-        where = loaded.where(*path)
-        text = f"{where}: {'.'.join(map(str, path)) or '(top)'}: {message}"
-        out.setdefault(text, int(where.rsplit(":", 1)[1]) if where.rsplit(":", 1)[-1].isdigit() else 0)
-    return sorted(out, key=lambda t: out[t])
+    return None
 
 
 def parse_overrides(doc: Any, origin: str = "overrides", lines: dict[tuple, int] | None = None) -> LoadedOverrides:
@@ -212,36 +143,13 @@ def parse_overrides(doc: Any, origin: str = "overrides", lines: dict[tuple, int]
         doc = {}
     if not isinstance(doc, dict):
         raise OverridesError(["the document must be a mapping (version, global, alerts)"], origin)
-    try:
-        model = Overrides.model_validate(doc)
-    except ValidationError as e:
-        raise OverridesError(_problems(e.errors(), LoadedOverrides(Overrides(), origin, lines)), origin) from None
+    model = validate(Overrides, doc, origin, lines, OverridesError, _hint)
     return LoadedOverrides(model, origin, lines)
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 floats: 3e9 and 1E-3 are numbers (PyYAML's YAML 1.1 reads them as strings)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
-
-
 def load_overrides(path: str | Path) -> LoadedOverrides:
-    origin = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise OverridesError([f"cannot read it: {e.strerror}"], origin) from None
-    except UnicodeDecodeError as e:
-        raise OverridesError([f"not UTF-8 text (byte {e.start})"], origin) from None
-    try:
-        node = yaml.compose(text, Loader=_Loader)
-        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as e:
-        raise OverridesError([f"not valid YAML: {e}"], origin) from None
-    return parse_overrides(doc, origin, _key_lines(node) if node is not None else {})
+    doc, lines = read_yaml(path, OverridesError)
+    return parse_overrides(doc, str(path), lines)
 
 
 def resolve_path(explicit: str | None) -> str | None:
@@ -476,9 +384,7 @@ def schema(spec: Spec | None = None) -> dict:
     """The JSON Schema of an overrides file for this spec (the packaged one by default): the model's, with the
     spec's alert names, each alert's knob names (and ranges) and the teams spelled out."""
     spec = spec or load_spec()
-    doc = Overrides.model_json_schema(by_alias=True)
-    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    doc["title"] = "verl-exporter overrides (verl-exporter.yaml)"
+    doc = json_schema(Overrides, "verl-exporter overrides (verl-exporter.yaml)")
     props = {}
     for a in spec.alerts():
         thresholds = {}
