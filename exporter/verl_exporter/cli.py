@@ -154,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     _overrides_flag(cal)
 
     sch = sub.add_parser("schema", help="print the JSON Schema of a file verl-exporter reads")
-    sch.add_argument("kind", choices=["overrides"], help="overrides: verl-exporter.yaml")
+    from .tools.schemas import SCHEMAS
+
+    sch.add_argument("kind", choices=list(SCHEMAS),
+                     help="; ".join(f"{kind}: {what}" for kind, (what, _) in SCHEMAS.items()))
     sch.add_argument("--spec", metavar="FILE", help="the spec whose alerts and knobs it names (default packaged)")
     return parser
 
@@ -303,6 +306,7 @@ def cmd_generate(args) -> int:
     from pathlib import Path
 
     from .render import generate
+    from .tools.schemas import schema_files
 
     spec, _ = _load_effective(args.spec, args.overrides)
     if spec is None:
@@ -316,7 +320,7 @@ def cmd_generate(args) -> int:
         print(f"verl-exporter: --out {args.out} is not a directory", file=sys.stderr)
         return 2
     try:
-        stale = generate(spec, out, check=args.check)
+        stale = generate(spec, out, check=args.check, extra=schema_files(spec))
     except OSError as e:
         print(f"verl-exporter: cannot write the generated files: {_os_error(e)}", file=sys.stderr)
         return 2
@@ -417,12 +421,12 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from .spec.overrides import schema
+    from .tools.schemas import schema
 
     spec = _load_spec(args.spec)
     if spec is None:
         return 1
-    json.dump(schema(spec), sys.stdout, indent=2)
+    json.dump(schema(args.kind, spec), sys.stdout, indent=2)
     print()
     return 0
 

@@ -21,9 +21,10 @@ RENDERERS = (render_rules, render_dashboards, render_alertmanager, render_kubern
              render_victoriametrics, render_runbook)
 
 
-def render_all(spec: Spec, root: Path) -> dict[str, str]:
-    """{path relative to the repo root: content} for every generated file."""
-    out: dict[str, str] = {}
+def render_all(spec: Spec, root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """{path relative to the repo root: content} for every generated file (and the extra ones given: the
+    schemas, which come from models outside the generator)."""
+    out: dict[str, str] = dict(extra or {})
     for renderer in RENDERERS:
         out.update(renderer(spec))
     readme = root / "README.md"
@@ -32,10 +33,10 @@ def render_all(spec: Spec, root: Path) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def generate(spec: Spec, root: Path, check: bool = False) -> list[str]:
+def generate(spec: Spec, root: Path, check: bool = False, extra: dict[str, str] | None = None) -> list[str]:
     """Write the files (or, with check, compare only). Returns the paths that differed."""
     stale = []
-    for rel, content in render_all(spec, root).items():
+    for rel, content in render_all(spec, root, extra).items():
         path = root / rel
         current = path.read_text(encoding="utf-8") if path.exists() else None
         if current == content:
