@@ -63,12 +63,16 @@ def key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, in
 
 
 def parse_yaml(text: str, origin: str, error: type[FileError] = FileError) -> tuple[Any, dict[tuple, int]]:
-    """(document, key lines) of YAML text; a syntax error is one problem of ``error``."""
+    """(document, key lines) of YAML text; a syntax error is one problem of ``error``. The text is parsed
+    once: the document is built from the same node tree the lines come from."""
+    loader = YamlLoader(text)
     try:
-        node = yaml.compose(text, Loader=YamlLoader)
-        doc = yaml.load(text, Loader=YamlLoader)  # noqa: S506 (a SafeLoader)
+        node = loader.get_single_node()
+        doc = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         raise error([f"not valid YAML: {e}"], origin) from None
+    finally:
+        loader.dispose()
     return doc, (key_lines(node) if node is not None else {})
 
 
