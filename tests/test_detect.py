@@ -110,7 +110,7 @@ def test_no_detector_gauge_before_ten_steps_in_the_store():
 def test_min_steps_below_ten_is_refused():
     doc = {"version": 1, "metrics": [{"name": "verl_x", "type": "gauge", "help": "x.", "layer": "data",
                                       "source": [{"match": "x"}], "detect": [{"signal": "x", "min_steps": 5}]}]}
-    with pytest.raises(SpecError, match="min_steps must be an integer >= 10"):
+    with pytest.raises(SpecError, match="detect.0.min_steps: Input should be greater than or equal to 10"):
         parse_spec(doc)
 
 

@@ -199,13 +199,14 @@ def spec_with_alert(**alert) -> dict:
 
 @pytest.mark.parametrize("change,fragment", [
     ({"alert": "HighThing"}, "start with Verl"),
-    ({"kind": "magic"}, "kind must be one of"),
-    ({"severity": "page"}, "severity must be one of"),
+    ({"kind": "magic"}, "kind: must be one of"),
+    ({"severity": "page"}, "severity: must be one of"),
     ({"for": "five minutes"}, "Prometheus duration"),
-    ({"threshold": "high"}, "needs a numeric threshold"),
+    ({"threshold": "high"}, "threshold: must be a number"),
+    ({"threshold": None}, "a threshold alert needs a numeric threshold"),
     ({"description": "{{ $value }} raw"}, "may be used in annotations"),
     ({"inhibits": ["VerlNoSuchAlert"]}, "inhibits unknown alert"),
-    ({"colour": "red"}, "unknown key(s) ['colour']"),
+    ({"colour": "red"}, "alerts.0.colour: unknown key"),
     ({"alert": "VerlHighKLDivergence"}, "declared twice"),
 ])
 def test_bad_alerts_are_rejected(change, fragment):

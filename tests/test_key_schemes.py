@@ -149,4 +149,5 @@ def test_when_absent_needs_a_literal_key():
     with pytest.raises(SpecError) as e:
         parse_spec(doc)
     text = str(e.value)
-    assert "'when_absent' needs a literal 'match' key" in text and "'when_absent' must be a key" in text
+    assert "'when_absent' needs a literal 'match' key" in text
+    assert "metrics.1.source.0.when_absent: Input should be a valid string" in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 
@@ -60,22 +61,22 @@ M0 = ("metrics", 0)
 BAD_CASES = [
     # (id, mutation, fragment the message must contain)
     ("not a mapping", lambda d: ["x"], "must be a mapping"),
-    ("bad version", _mutate(("version",), 2), "version must be 1"),
-    ("unknown top key", _mutate(("extra",), 1), "unknown top-level key"),
-    ("empty metrics", _mutate(("metrics",), []), "'metrics' must be a non-empty list"),
-    ("missing help", _mutate((*M0, "help"), DELETE), "missing required key(s) ['help']"),
-    ("empty help", _mutate((*M0, "help"), "  "), "help must be a non-empty sentence"),
-    ("bad type", _mutate((*M0, "type"), "summary"), "type must be one of"),
-    ("bad layer", _mutate((*M0, "layer"), "gpu"), "layer must be one of"),
-    ("unknown entry key", _mutate((*M0, "colour"), "red"), "unknown key(s) ['colour']"),
+    ("bad version", _mutate(("version",), 2), "version: must be 1, got 2"),
+    ("unknown top key", _mutate(("extra",), 1), "extra: unknown key"),
+    ("empty metrics", _mutate(("metrics",), []), "metrics: List should have at least 1 item"),
+    ("missing help", _mutate((*M0, "help"), DELETE), "metrics.0.help: Field required"),
+    ("empty help", _mutate((*M0, "help"), "  "), "metrics.0.help: must be a non-empty sentence"),
+    ("bad type", _mutate((*M0, "type"), "summary"), "metrics.0.type: must be one of"),
+    ("bad layer", _mutate((*M0, "layer"), "gpu"), "metrics.0.layer: must be one of"),
+    ("unknown entry key", _mutate((*M0, "colour"), "red"), "metrics.0.colour: unknown key"),
     ("name without prefix", _mutate((*M0, "name"), "x_seconds"), "prefix verl_"),
     ("upper-case name", _mutate((*M0, "name"), "verl_X_seconds"), "must match"),
     ("unit not in name", _mutate((*M0, "unit"), "bytes"), "does not end in _bytes"),
-    ("unknown unit", _mutate((*M0, "unit"), "gigabytes"), "unknown unit 'gigabytes'"),
+    ("unknown unit", _mutate((*M0, "unit"), "gigabytes"), "metrics.0.unit: must be one of '', 'seconds'"),
     ("counter without _total", _mutate(("metrics", 2, "name"), "verl_nf"), "must end in _total"),
     ("gauge with _total", _mutate(("metrics", 1, "name"), "verl_y_total"), "only counters end in _total"),
     ("reserved unmapped prefix", _mutate(("metrics", 1, "name"), "verl_unmapped_y"), "reserved for unmapped"),
-    ("bad label name", _mutate((*M0, "labels"), ["0phase"]), "bad label name"),
+    ("bad label name", _mutate((*M0, "labels"), ["0phase"]), "metrics.0.labels.0: must be a label name"),
     ("reserved label", _mutate(("metrics", 2, "labels"), ["le"]), "reserved"),
     ("target label as label", _mutate(("metrics", 2, "labels"), ["rank"]), "reserved"),
     ("placeholder not declared", _mutate((*M0, "labels"), []), "gives labels ['phase'] but the metric declares []"),
@@ -88,16 +89,18 @@ BAD_CASES = [
     ("regex without group", _mutate((*M0, "source"), [{"regex": "a/b", "labels": {"phase": "x"}}]),
      "has no named group"),
     ("unknown convert", _mutate((*M0, "source"), [{"match": "a/{phase}", "convert": "gb_to_bytes"}]),
-     "unknown convert 'gb_to_bytes'"),
+     "convert: must be one of 'gib_to_bytes'"),
     ("zero scale", _mutate((*M0, "source"), [{"match": "a/{phase}", "scale": 0}]), "non-zero number"),
     ("convert and scale", _mutate((*M0, "source"), [{"match": "a/{phase}", "scale": 2, "convert": "ms_to_seconds"}]),
      "not both"),
     ("values for unknown placeholder", _mutate((*M0, "source"), [{"match": "a/{phase}", "values": {"x": ["a"]}}]),
      "does not capture"),
-    ("unknown source key", _mutate((*M0, "source"), [{"match": "a/{phase}", "drop": True}]), "unknown source key"),
-    ("unknown field", _mutate(("metrics", 1, "field"), "epoch"), "field must be one of"),
-    ("bad max_series", _mutate((*M0, "max_series"), 0), "max_series must be a positive integer"),
-    ("alerts not a list", _mutate((*M0, "alerts"), {"expr": "x"}), "alerts must be a list of mappings"),
+    ("unknown source key", _mutate((*M0, "source"), [{"match": "a/{phase}", "drop": True}]),
+     "metrics.0.source.0.drop: unknown key"),
+    ("unknown field", _mutate(("metrics", 1, "field"), "epoch"), "metrics.1.field: must be one of"),
+    ("bad max_series", _mutate((*M0, "max_series"), 0),
+     "metrics.0.max_series: Input should be greater than or equal to 1"),
+    ("alerts not a list", _mutate((*M0, "alerts"), {"expr": "x"}), "metrics.0.alerts: Input should be a valid list"),
     ("duplicate name", lambda d: {**d, "metrics": d["metrics"] + [copy.deepcopy(d["metrics"][1])]},
      "declared twice"),
     ("one literal key feeds two metrics", lambda d: {**d, "metrics": d["metrics"] + [
@@ -126,12 +129,75 @@ def test_problems_of_several_entries_are_reported_together():
     with pytest.raises(SpecError) as err:
         parse_spec(doc)
     assert len(err.value.problems) == 2
-    assert "metric 'verl_x_seconds'" in err.value.problems[0]
-    assert "metric 'verl_y'" in err.value.problems[1]
+    assert "metrics.0.type: must be one of" in err.value.problems[0]
+    assert "metrics.1.layer: must be one of" in err.value.problems[1]
+
+
+SPEC_FILE = """\
+version: 1
+metrics:
+  - name: verl_a
+    type: gauge
+    help: A.
+    layer: data
+    field: step
+    alerts:
+      - alert: VerlA
+        kind: threshold
+        severity: warning
+        threshold: 1
+        summary: S.
+        description: D.
+        colour: red
+  - name: verl_b
+    type: histogram
+    help: B.
+    layer: data
+    field: step_time
+    panels:
+      - {dashboard: training, title: B, query: "rate(<metric>[5m])"}
+  - name: verl_c
+    type: gauge
+    help: C.
+    layer: data
+    collector: x
+    detect:
+      - {signal: c, window: 5, export: [steps]}
+"""
+
+
+def test_an_unknown_key_in_an_alert_is_reported_with_its_line_and_every_entrys_problems_at_once(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC_FILE)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert err.value.problems == [
+        f"{path}:15: metrics.0.alerts.0.colour: unknown key",
+        f"{path}:17: metrics.1.type: must be one of 'gauge' or 'counter', got 'histogram'",
+        f"{path}:22: metrics.1.panels.0: the query must use <sel> so the dashboard's job/run/rank variables "
+        "apply; rate() in a panel must use [$__rate_interval]",
+        f"{path}:29: metrics.2.detect.0.window: Input should be greater than or equal to 10",
+    ]
+
+
+def test_problems_across_entries_come_together_with_their_lines(tmp_path):
+    text = SPEC_FILE.replace("        colour: red\n", "        inhibits: [VerlNone]\n").replace(
+        "type: histogram", "type: gauge").replace("<metric>[5m]", "<metric>{<sel>}[$__rate_interval]").replace(
+        "window: 5", "window: 30").replace("field: step_time", "field: step")
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert err.value.problems == [
+        f"{path}:15: metrics.0.alerts.0.inhibits.0: inhibits unknown alert 'VerlNone'",
+        f"{path}:20: metrics.1.field: field 'step' already feeds 'verl_a'",
+        f"{path}:29: metrics.2.detect.0.export: exports steps but verl_detector_steps is not declared "
+        "(collector: detector)",
+    ]
 
 
 def test_spec_file_errors_are_clear(tmp_path):
-    with pytest.raises(SpecError, match="cannot read the spec"):
+    with pytest.raises(SpecError, match="cannot read it"):
         load_spec(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("metrics: [\n")
@@ -159,4 +225,5 @@ def test_spec_command_rejects_a_bad_spec_file(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", "spec", "--spec", str(path)],
                           capture_output=True, text=True)
     assert proc.returncode == 1
-    assert "metric 'verl_x_seconds': unit 'bytes' but the name does not end in _bytes" in proc.stderr
+    assert re.search(rf"{re.escape(str(path))}:\d+: metrics.0.unit: unit 'bytes' but the name does not end in _bytes",
+                     proc.stderr), proc.stderr

@@ -1,7 +1,21 @@
 """The metric spec: its model, its loader and its validation.
 
 The YAML file beside this module is the single place where a metric is named. Loading is strict: every
-problem of every entry is collected and reported at once, each message naming the entry and the problem.
+problem of every entry is reported at once, each as ``FILE:LINE: key.path: message``.
+
+Two layers. The file's shape is a tree of core.models StrictModels (``SpecFile``, ``MetricEntry``, and
+``AlertEntry``/``PanelEntry`` in rules.py, ``DetectEntry`` in detectors.py): they check each entry, and
+``verl-exporter schema spec`` writes their JSON Schema. What the rest of the pack reads is the frozen
+dataclasses (``Spec``, ``MetricSpec``, ``SourceRule``, ``Alert``, ``Panel``, core.detect's ``SignalSpec``),
+built from a valid file. They stay dataclasses rather than becoming the models because they hold what the
+file does not say (compiled key patterns, the scale a ``convert`` stands for, an alert's metric and its texts
+rendered with its knobs), the sidecar's hot path and core.detect use them, and overrides, calibrate and the
+CLI derive new ones with ``dataclasses.replace``.
+
+Checks across entries (unique names, keys and fields feeding one metric, alerts and inhibits naming known
+ones, signals' gauges declared) are ``SpecFile.cross_problems``: each finds several problems, each at its own
+entry's line, which a pydantic validator (one error, at the model's place) cannot report. They run once every
+entry is valid.
 
 May import: core.detect (the detectors' statistics) and core.models (the typed-file base).
 """
@@ -12,12 +26,13 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
-from .detectors import parse_detect
-from .rules import Alert, Panel, parse_alert, parse_panel
+from ..core.models import FileError, StrictModel, json_schema, parse_yaml, read_yaml, validate, where
+from .detectors import DetectEntry
+from .rules import PATTERN_MESSAGES, Alert, AlertEntry, Panel, PanelEntry, Sentence
 
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -41,29 +56,18 @@ RESERVED_LABELS = ("le", "quantile", "job", "instance")
 # Unknown keys are exported under this prefix, so they can never collide with a spec name.
 UNMAPPED_PREFIX = "verl_unmapped_"
 
-ENTRY_KEYS = {"name", "type", "unit", "help", "layer", "labels", "source", "field", "collector",
-              "max_series", "alerts", "panels", "record", "detect"}
-SOURCE_KEYS = {"match", "regex", "labels", "values", "convert", "scale", "when_absent"}
-TOP_KEYS = {"version", "target_labels", "defaults", "rules", "alerts", "metrics"}
-RULES_KEYS = {"selector", "runbook_url", "evaluation_interval", "relay_url"}
 RECORDINGS = ("cross_rank",)
 # Per-series window aggregates recorded once a minute, so that alerts over thousands of GPUs read one recorded
 # sample per series instead of a window of raw samples: record: [avg_over_time_10m, max_over_time_1m, ...]
 WINDOW_RECORDING = re.compile(r"(avg|max|min)_over_time_([1-9][0-9]*[mh])")
 # A recording rule written on an entry: {record: level:name:operations, expr: PromQL with <metric> and <sel>}.
 RECORDING_NAME_RE = re.compile(r"^[a-z_]+:verl_[a-z0-9_]+:[a-z0-9_]+$")
-RECORDING_KEYS = {"record", "expr"}
-DEFAULT_KEYS = {"max_series"}
 
 DEFAULT_SPEC = "metrics.yaml"
 
 
-class SpecError(ValueError):
-    """A spec that cannot be used; ``problems`` lists every problem found, one sentence each."""
-
-    def __init__(self, problems: list[str], origin: str = "spec"):
-        self.problems = problems
-        super().__init__(f"{origin}: {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+class SpecError(FileError):
+    """A spec that cannot be used; ``problems`` lists every problem, each with its place."""
 
 
 @dataclass(frozen=True)
@@ -178,330 +182,325 @@ class Spec:
         return [m for m in self.metrics if m.collector == collector]
 
 
-def _compile_match(pattern: str) -> tuple[re.Pattern | None, list[str]]:
+def _compile_match(pattern: str) -> re.Pattern | None:
     """A match pattern: literal text with {label} placeholders, each one '/'-free run of characters."""
-    names = PLACEHOLDER_RE.findall(pattern)
-    if not names:
-        return None, []
+    if not PLACEHOLDER_RE.search(pattern):
+        return None
     parts, pos = [], 0
     for m in PLACEHOLDER_RE.finditer(pattern):
         parts.append(re.escape(pattern[pos:m.start()]))
         parts.append(f"(?P<{m.group(1)}>[^/]+)")
         pos = m.end()
     parts.append(re.escape(pattern[pos:]))
-    return re.compile("".join(parts)), names
+    return re.compile("".join(parts))
 
 
-def _parse_source(where: str, raw: Any, labels: tuple[str, ...], problems: list[str]) -> SourceRule | None:
-    if not isinstance(raw, dict):
-        problems.append(f"{where}: a source must be a mapping, got {type(raw).__name__}")
-        return None
-    unknown = set(raw) - SOURCE_KEYS
-    if unknown:
-        problems.append(f"{where}: unknown source key(s) {sorted(unknown)}")
-    if ("match" in raw) == ("regex" in raw):
-        problems.append(f"{where}: give exactly one of 'match' or 'regex'")
-        return None
-    pattern = raw.get("match", raw.get("regex"))
-    if not isinstance(pattern, str) or not pattern:
-        problems.append(f"{where}: the pattern must be a non-empty string")
-        return None
-    if "match" in raw:
-        regex, captured = _compile_match(pattern)
-    else:
-        try:
-            regex = re.compile(pattern)
-        except re.error as e:
-            problems.append(f"{where}: regex {pattern!r} does not compile: {e}")
-            return None
-        captured = list(regex.groupindex)
-        if not captured:
-            problems.append(f"{where}: regex {pattern!r} has no named group; use 'match' for a literal key")
-    const = raw.get("labels", {}) or {}
-    if not isinstance(const, dict) or not all(isinstance(v, (str, int)) for v in const.values()):
-        problems.append(f"{where}: 'labels' must map label names to string values")
-        const = {}
-    const = {str(k): str(v) for k, v in const.items()}
-    dup = set(captured) & set(const)
-    if dup:
-        problems.append(f"{where}: label(s) {sorted(dup)} both captured and constant")
-    got = set(captured) | set(const)
-    if got != set(labels):
-        problems.append(
-            f"{where}: pattern {pattern!r} gives labels {sorted(got)} but the metric declares {sorted(labels)}")
-    allowed_raw = raw.get("values", {}) or {}
-    allowed: dict[str, frozenset[str]] = {}
-    if not isinstance(allowed_raw, dict):
-        problems.append(f"{where}: 'values' must map placeholders to lists of allowed values")
-    else:
-        for k, vals in allowed_raw.items():
-            if k not in captured:
-                problems.append(f"{where}: 'values' names {k!r}, which the pattern does not capture")
-            elif not isinstance(vals, list) or not vals:
-                problems.append(f"{where}: 'values.{k}' must be a non-empty list")
-            else:
-                allowed[k] = frozenset(str(v) for v in vals)
-    scale = 1.0
-    if "convert" in raw and "scale" in raw:
-        problems.append(f"{where}: give 'convert' or 'scale', not both")
-    elif "convert" in raw:
-        if raw["convert"] not in CONVERSIONS:
-            problems.append(f"{where}: unknown convert {raw['convert']!r} (known: {sorted(CONVERSIONS)})")
-        else:
-            scale = CONVERSIONS[raw["convert"]]
-    elif "scale" in raw:
-        if isinstance(raw["scale"], bool) or not isinstance(raw["scale"], (int, float)) or raw["scale"] == 0:
-            problems.append(f"{where}: 'scale' must be a non-zero number")
-        else:
-            scale = float(raw["scale"])
-    when_absent = raw.get("when_absent")
-    if when_absent is not None:
-        if not isinstance(when_absent, str) or not when_absent:
-            problems.append(f"{where}: 'when_absent' must be a key")
-            when_absent = None
-        elif regex is not None:
-            problems.append(f"{where}: 'when_absent' needs a literal 'match' key, got pattern {pattern!r}")
-            when_absent = None
-    return SourceRule(pattern=pattern, regex=regex, const_labels=const, allowed=allowed, scale=scale,
-                      when_absent=when_absent)
+# ---------------------------------------------------------------------------------------------- the file's shape
+LabelName = Annotated[str, StringConstraints(pattern=LABEL_NAME_RE.pattern)]
+Key = Annotated[str, StringConstraints(min_length=1)]
+PATTERN_MESSAGES.update({
+    METRIC_NAME_RE.pattern: f"must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_)",
+    LABEL_NAME_RE.pattern: "must be a label name (letters, digits, _; not a digit first)",
+    RECORDING_NAME_RE.pattern: "must be a name like level:verl_name:operations",
+})
 
 
-def _parse_recording(where: str, raw: dict, problems: list[str]) -> tuple[str, str] | None:
-    unknown = set(raw) - RECORDING_KEYS
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {sorted(unknown)}")
-    name, expr = raw.get("record"), raw.get("expr")
-    if not isinstance(name, str) or not RECORDING_NAME_RE.match(name):
-        problems.append(f"{where}: record must be a name like level:verl_name:operations, got {name!r}")
-        return None
-    if not isinstance(expr, str) or "<metric>" not in expr or "<sel>" not in expr:
-        problems.append(f"{where}: expr must be PromQL using <metric> and <sel>")
-        return None
-    return name, " ".join(expr.split())
+class SourceEntry(StrictModel):
+    """One way verl keys feed the metric: a key (``match``, with {label} placeholders) or a ``regex``."""
+
+    match: Key | None = Field(None, description="a key; each {label} stands for one '/'-free part")
+    regex: Key | None = Field(None, description="a full regular expression whose named groups are label values")
+    labels: dict[str, str] = Field(default_factory=dict, description="constant label values for these keys")
+    values: dict[str, Annotated[list[str], Field(min_length=1)]] = Field(
+        default_factory=dict, description="allowed values per placeholder (others fall through to later sources)")
+    convert: Literal[tuple(CONVERSIONS)] | None = None
+    scale: float | None = None
+    when_absent: Key | None = Field(None, description="feed only from a line without this key (an older "
+                                                      "verl's name for the same quantity)")
+
+    @model_validator(mode="after")
+    def _pattern(self) -> SourceEntry:
+        if (self.match is None) == (self.regex is None):
+            raise ValueError("give exactly one of 'match' or 'regex'")
+        if self.regex is not None:
+            try:
+                regex = re.compile(self.regex)
+            except re.error as e:
+                raise ValueError(f"regex {self.regex!r} does not compile: {e}") from None
+            if not regex.groupindex:
+                raise ValueError(f"regex {self.regex!r} has no named group; use 'match' for a literal key")
+        bad = []
+        if set(self.captured) & set(self.labels):
+            bad.append(f"label(s) {sorted(set(self.captured) & set(self.labels))} both captured and constant")
+        bad += [f"'values' names {k!r}, which the pattern does not capture" for k in self.values
+                if k not in self.captured]
+        if self.convert is not None and self.scale is not None:
+            bad.append("give 'convert' or 'scale', not both")
+        if self.scale == 0:
+            bad.append("'scale' must be a non-zero number")
+        if self.when_absent is not None and self.captured:
+            bad.append(f"'when_absent' needs a literal 'match' key, got pattern {self.match or self.regex!r}")
+        if bad:
+            raise ValueError("; ".join(bad))
+        return self
+
+    @property
+    def captured(self) -> list[str]:
+        """The labels the pattern captures."""
+        if self.regex is not None:
+            return list(re.compile(self.regex).groupindex)
+        return PLACEHOLDER_RE.findall(self.match or "")
+
+    def to_rule(self) -> SourceRule:
+        scale = CONVERSIONS[self.convert] if self.convert else 1.0 if self.scale is None else float(self.scale)
+        return SourceRule(pattern=self.match or self.regex or "",
+                          regex=re.compile(self.regex) if self.regex else _compile_match(self.match or ""),
+                          const_labels=dict(self.labels), allowed={k: frozenset(v) for k, v in self.values.items()},
+                          scale=scale, when_absent=self.when_absent)
 
 
-def _check_name(where: str, name: str, mtype: str, unit: str, problems: list[str]) -> None:
-    if not METRIC_NAME_RE.match(name):
-        problems.append(f"{where}: name must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_)")
-    if name.startswith(UNMAPPED_PREFIX):
-        problems.append(f"{where}: the prefix {UNMAPPED_PREFIX} is reserved for unmapped keys")
+class RecordingEntry(StrictModel):
+    """A recording rule written on an entry, e.g. a ratio as the rate() of a kernel counter."""
+
+    record: Annotated[str, StringConstraints(pattern=RECORDING_NAME_RE.pattern)]
+    expr: str = Field(description="PromQL using <metric> and <sel>")
+
+    @field_validator("expr")
+    @classmethod
+    def _placeholders(cls, expr: str) -> str:
+        if "<metric>" not in expr or "<sel>" not in expr:
+            raise ValueError("expr must be PromQL using <metric> and <sel>")
+        return expr
+
+
+WindowRecording = Annotated[str, StringConstraints(
+    pattern=rf"^({'|'.join(RECORDINGS)}|{WINDOW_RECORDING.pattern})$")]
+PATTERN_MESSAGES[WindowRecording.__metadata__[0].pattern] = (
+    f"record may list {list(RECORDINGS)}, <avg|max|min>_over_time_<N><m|h> and {{record, expr}} rules")
+
+
+def _name_fits_type(name: str, mtype: str) -> str | None:
     if mtype == "counter" and not name.endswith("_total"):
-        problems.append(f"{where}: a counter's name must end in _total")
+        return "a counter's name must end in _total"
     if mtype == "gauge" and name.endswith("_total"):
-        problems.append(f"{where}: only counters end in _total")
-    if unit not in UNITS:
-        known = ", ".join(repr(u) for u in UNITS)
-        problems.append(f"{where}: unknown unit {unit!r} (known: {known})")
-    elif unit:
-        base = name[: -len("_total")] if mtype == "counter" else name
-        if not base.endswith("_" + unit):
-            problems.append(f"{where}: unit {unit!r} but the name does not end in _{unit}")
+        return "only counters end in _total"
     if name.removesuffix("_total").endswith("_timestamp_seconds") and mtype != "gauge":
-        problems.append(f"{where}: a *_timestamp_seconds metric must be a gauge")
+        return "a *_timestamp_seconds metric must be a gauge"
+    return None
 
 
-def _parse_entry(i: int, raw: Any, defaults: dict, target_labels: tuple[str, ...],
-                 problems: list[str]) -> MetricSpec | None:
-    if not isinstance(raw, dict):
-        problems.append(f"metrics[{i}]: an entry must be a mapping")
-        return None
-    name = raw.get("name")
-    where = f"metric {name!r}" if isinstance(name, str) else f"metrics[{i}]"
-    unknown = set(raw) - ENTRY_KEYS
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {sorted(unknown)}")
-    missing = [k for k in ("name", "type", "help", "layer") if k not in raw]
-    if missing:
-        problems.append(f"{where}: missing required key(s) {missing}")
-        return None
-    if not isinstance(name, str):
-        problems.append(f"{where}: name must be a string")
-        return None
-    mtype, unit, help_, layer = raw["type"], raw.get("unit", ""), raw["help"], raw["layer"]
-    if mtype not in TYPES:
-        problems.append(f"{where}: type must be one of {list(TYPES)}, got {mtype!r}")
-    if not isinstance(unit, str):
-        problems.append(f"{where}: unit must be a string")
-        unit = ""
-    _check_name(where, name, mtype, unit, problems)
-    if not isinstance(help_, str) or not help_.strip():
-        problems.append(f"{where}: help must be a non-empty sentence")
-    if layer not in LAYERS:
-        problems.append(f"{where}: layer must be one of {list(LAYERS)}, got {layer!r}")
-    labels = raw.get("labels", []) or []
-    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
-        problems.append(f"{where}: labels must be a list of names")
-        labels = []
-    for lab in labels:
-        if not LABEL_NAME_RE.match(lab) or lab.startswith("__"):
-            problems.append(f"{where}: bad label name {lab!r}")
-        if lab in RESERVED_LABELS or lab in target_labels:
-            problems.append(f"{where}: label {lab!r} is reserved (Prometheus or a target label)")
-    if len(set(labels)) != len(labels):
-        problems.append(f"{where}: duplicate label names")
-    labels_t = tuple(labels)
+class MetricEntry(StrictModel):
+    """One metric: its name and meaning, what feeds it, and the alerts, panels, recordings and adaptive
+    signals declared on it."""
 
-    kinds = [k for k in ("source", "field", "collector") if k in raw]
-    if len(kinds) != 1:
-        problems.append(f"{where}: give exactly one of source, field or collector (got {kinds or 'none'})")
-    sources: list[SourceRule] = []
-    if "source" in raw:
-        raw_sources = raw["source"]
-        if isinstance(raw_sources, dict):
-            raw_sources = [raw_sources]
-        if not isinstance(raw_sources, list) or not raw_sources:
-            problems.append(f"{where}: source must be a non-empty list")
-        else:
-            for j, rs in enumerate(raw_sources):
-                rule = _parse_source(f"{where} source[{j}]", rs, labels_t, problems)
-                if rule:
-                    sources.append(rule)
-    fld = raw.get("field")
-    if "field" in raw and fld not in FIELDS:
-        problems.append(f"{where}: field must be one of {list(FIELDS)}, got {fld!r}")
-    collector = raw.get("collector")
-    if "collector" in raw and (not isinstance(collector, str) or not LABEL_NAME_RE.match(collector)):
-        problems.append(f"{where}: collector must be a plain name")
-    max_series = raw.get("max_series", defaults.get("max_series", 64))
-    if isinstance(max_series, bool) or not isinstance(max_series, int) or max_series < 1:
-        problems.append(f"{where}: max_series must be a positive integer")
-        max_series = 1
-    extras: dict[str, tuple] = {}
-    for key, parse in (("alerts", parse_alert), ("panels", parse_panel)):
-        val = raw.get(key, []) or []
-        if not isinstance(val, list) or not all(isinstance(x, dict) for x in val):
-            problems.append(f"{where}: {key} must be a list of mappings")
-            val = []
-        parsed = [parse(str(name), j, item, problems) for j, item in enumerate(val)]
-        extras[key] = tuple(x for x in parsed if x is not None)
-    record = raw.get("record", []) or []
-    if not isinstance(record, list):
-        record = [record]
-    kinds = [r for r in record if not isinstance(r, dict)]
-    if any(r not in RECORDINGS and not WINDOW_RECORDING.fullmatch(str(r)) for r in kinds):
-        problems.append(f"{where}: record may list {list(RECORDINGS)}, <avg|max|min>_over_time_<N><m|h> "
-                        "and {record, expr} rules")
-        kinds = []
-    extras["record"] = tuple(kinds)
-    extras["recordings"] = tuple(r for j, item in enumerate(record) if isinstance(item, dict)
-                                 for r in [_parse_recording(f"{where} record[{j}]", item, problems)] if r)
-    detect = raw.get("detect", []) or []
-    if not isinstance(detect, list):
-        problems.append(f"{where}: detect must be a list of mappings")
-        detect = []
-    parsed_detect = [parse_detect(str(name), labels_t, j, item, problems) for j, item in enumerate(detect)]
-    extras["detect"] = tuple(x for x in parsed_detect if x is not None)
-    return MetricSpec(
-        name=name, type=mtype, unit=unit, help=" ".join(str(help_).split()), layer=layer, labels=labels_t,
-        sources=tuple(sources), field=fld, collector=collector, max_series=max_series, **extras)
+    name: Annotated[str, StringConstraints(pattern=METRIC_NAME_RE.pattern)]
+    type: Literal[TYPES]
+    unit: Literal[UNITS] = Field("", description="the base unit the name ends with, or '' for a plain number")
+    help: Sentence
+    layer: Literal[LAYERS]
+    labels: list[LabelName] = Field(default_factory=list, description="bounded: fixed values or max_series")
+    source: list[SourceEntry] | None = Field(None, min_length=1, description="the verl keys that feed it")
+    field: Literal[FIELDS] | None = Field(None, description="a field of the line itself")
+    collector: LabelName | None = Field(None, description="a collector of the sidecar fills it")
+    max_series: int | None = Field(None, ge=1, description="cap on label-value combinations (default: "
+                                                            "defaults.max_series)")
+    alerts: list[AlertEntry] = Field(default_factory=list)
+    panels: list[PanelEntry] = Field(default_factory=list)
+    record: list[WindowRecording | RecordingEntry] = Field(default_factory=list)
+    detect: list[DetectEntry] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _not_unmapped(cls, name: str) -> str:
+        if name.startswith(UNMAPPED_PREFIX):
+            raise ValueError(f"the prefix {UNMAPPED_PREFIX} is reserved for unmapped keys")
+        return name
+
+    @field_validator("type")
+    @classmethod
+    def _type_fits_name(cls, mtype: str, info: ValidationInfo) -> str:
+        problem = _name_fits_type(info.data["name"], mtype) if "name" in info.data else None
+        if problem:
+            raise ValueError(problem)
+        return mtype
+
+    @field_validator("unit")
+    @classmethod
+    def _unit_ends_name(cls, unit: str, info: ValidationInfo) -> str:
+        name, mtype = info.data.get("name"), info.data.get("type")
+        if unit and name and mtype and not name.removesuffix("_total" if mtype == "counter" else "").endswith(
+                "_" + unit):
+            raise ValueError(f"unit {unit!r} but the name does not end in _{unit}")
+        return unit
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: list[str]) -> list[str]:
+        bad = [f"bad label name {lab!r}" for lab in labels if lab.startswith("__")]
+        bad += [f"label {lab!r} is reserved (Prometheus)" for lab in labels if lab in RESERVED_LABELS]
+        if len(set(labels)) != len(labels):
+            bad.append("duplicate label names")
+        if bad:
+            raise ValueError("; ".join(bad))
+        return labels
+
+    @field_validator("source")
+    @classmethod
+    def _sources_give_the_labels(cls, sources: list[SourceEntry] | None, info: ValidationInfo):
+        labels = info.data.get("labels")
+        for j, s in enumerate(sources or ()):
+            got = set(s.captured) | set(s.labels)
+            if labels is not None and got != set(labels):
+                raise ValueError(f"source {j}: pattern {s.match or s.regex!r} gives labels {sorted(got)} but the "
+                                 f"metric declares {sorted(labels)}")
+        return sources
+
+    @field_validator("detect")
+    @classmethod
+    def _signals_pick_a_series(cls, detect: list[DetectEntry], info: ValidationInfo) -> list[DetectEntry]:
+        labels = info.data.get("labels")
+        for j, d in enumerate(detect):
+            if labels is not None and set(d.labels) != set(labels):
+                raise ValueError(f"detect {j}: labels must give a value for each of the metric's labels "
+                                 f"{list(labels)}")
+        return detect
+
+    @model_validator(mode="after")
+    def _one_feed(self) -> MetricEntry:
+        kinds = [k for k in ("source", "field", "collector") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"give exactly one of source, field or collector (got {kinds or 'none'})")
+        return self
+
+    def to_metric(self, default_max_series: int) -> MetricSpec:
+        return MetricSpec(
+            name=self.name, type=self.type, unit=self.unit, help=" ".join(self.help.split()), layer=self.layer,
+            labels=tuple(self.labels), sources=tuple(s.to_rule() for s in self.source or ()), field=self.field,
+            collector=self.collector, max_series=self.max_series or default_max_series,
+            alerts=tuple(a.to_alert(self.name) for a in self.alerts),
+            panels=tuple(p.to_panel(self.name) for p in self.panels),
+            record=tuple(r for r in self.record if isinstance(r, str)),
+            recordings=tuple((r.record, " ".join(r.expr.split())) for r in self.record if not isinstance(r, str)),
+            detect=tuple(d.to_signal(self.name) for d in self.detect))
 
 
-def parse_spec(doc: Any, origin: str = "spec") -> Spec:
+class RulesEntry(StrictModel):
+    """Where the generated rules and dashboards point."""
+
+    selector: str | None = Field(None, description='the label matchers of the scrape job, e.g. job="verl"')
+    runbook_url: str | None = None
+    evaluation_interval: str | None = None
+    relay_url: str | None = Field(None, description="where Alertmanager's receivers post (verl-exporter relay)")
+
+
+class Defaults(StrictModel):
+    max_series: int = Field(64, ge=1)
+
+
+class SpecFile(StrictModel):
+    """metrics.yaml: every metric verl-exporter exports, alerts on or draws."""
+
+    version: Literal[1]
+    rules: RulesEntry = Field(default_factory=RulesEntry)
+    target_labels: list[LabelName] = Field(default_factory=list, description="labels the sidecar adds to "
+                                                                             "every series (--run, --rank)")
+    defaults: Defaults = Field(default_factory=Defaults)
+    metrics: list[MetricEntry] = Field(min_length=1)
+    alerts: list[AlertEntry] = Field(default_factory=list, description="kind expr alerts on several metrics")
+
+    def cross_problems(self) -> list[tuple[tuple, str]]:
+        """(key path, message) of each problem across entries."""
+        out: list[tuple[tuple, str]] = []
+        seen: dict[tuple[str, str], Any] = {}
+
+        def clash(what: str, name: str, owner: Any) -> Any:
+            """Who declared this name first, when that is not owner."""
+            first = seen.setdefault((what, name), owner)
+            return None if first == owner else first
+
+        detector_gauges = {m.name for m in self.metrics if m.collector == "detector"}
+        for i, m in enumerate(self.metrics):
+            at = ("metrics", i)
+            if clash("metric", m.name, i) is not None:
+                out.append(((*at, "name"), f"metric {m.name!r} is declared twice"))
+            out += [((*at, "labels", k), f"label {lab!r} is reserved (a target label)")
+                    for k, lab in enumerate(m.labels) if lab in self.target_labels]
+            for j, s in enumerate(m.source or ()):
+                literal = s.match and not s.captured and not s.when_absent  # a conditional one may share its key
+                if literal and (other := clash("key", s.match, m.name)) is not None:
+                    out.append(((*at, "source", j), f"key {s.match!r} already feeds {other!r}"))
+            if m.field and (other := clash("field", m.field, m.name)) is not None:
+                out.append(((*at, "field"), f"field {m.field!r} already feeds {other!r}"))
+            for j, r in enumerate(m.record):
+                if not isinstance(r, str) and clash("recording", r.record, (i, j)) is not None:
+                    out.append(((*at, "record", j), f"recording {r.record!r} is declared twice"))
+            for j, d in enumerate(m.detect):
+                if clash("signal", d.signal, (i, j)) is not None:
+                    out.append(((*at, "detect", j, "signal"), f"signal {d.signal!r} is declared twice"))
+                out += [((*at, "detect", j, "export"), f"exports {stat} but verl_detector_{stat} is not declared "
+                         "(collector: detector)") for stat in d.to_signal(m.name).export
+                        if f"verl_detector_{stat}" not in detector_gauges]
+        alerts = [(("metrics", i, "alerts", j), a) for i, m in enumerate(self.metrics) for j, a in enumerate(m.alerts)]
+        alerts += [(("alerts", j), a) for j, a in enumerate(self.alerts)]
+        names = {a.alert for _, a in alerts}
+        for path, a in alerts:
+            if clash("alert", a.alert, path) is not None:
+                out.append(((*path, "alert"), f"alert {a.alert!r} is declared twice"))
+            out += [((*path, "inhibits", k), f"inhibits unknown alert {t!r}") for k, t in enumerate(a.inhibits)
+                    if t not in names]
+        out += [(("alerts", j, "kind"), "a top-level alert must be of kind expr") for j, a in enumerate(self.alerts)
+                if a.kind != "expr"]
+        return out
+
+    def to_spec(self) -> Spec:
+        metrics = tuple(m.to_metric(self.defaults.max_series) for m in self.metrics)
+        return Spec(version=self.version, target_labels=tuple(self.target_labels), metrics=metrics,
+                    by_name={m.name: m for m in metrics},
+                    rules=RulesConfig(**self.rules.model_dump(exclude_none=True)),
+                    global_alerts=tuple(a.to_alert("(cross-metric)") for a in self.alerts))
+
+
+def _hint(err: dict, path: tuple) -> str | None:
+    """The spec's own words for a failed literal or pattern (pydantic's are generic)."""
+    if path == ("version",) and err["type"] == "literal_error":
+        return f"must be 1, got {err['input']!r}"
+    if err["type"] == "literal_error":
+        return f"must be one of {err['ctx']['expected']}, got {err['input']!r}"
+    if err["type"] == "string_pattern_mismatch":
+        return PATTERN_MESSAGES.get(err["ctx"]["pattern"])
+    return None
+
+
+def _line_of(problem: str) -> int:
+    m = re.match(r"^.*?:(\d+): ", problem)
+    return int(m.group(1)) if m else 0
+
+
+def parse_spec(doc: Any, origin: str = "spec", lines: dict[tuple, int] | None = None) -> Spec:
     """Validate a parsed YAML document and build the Spec; raise SpecError listing every problem."""
-    problems: list[str] = []
     if not isinstance(doc, dict):
         raise SpecError(["the document must be a mapping with a 'metrics' list"], origin)
-    unknown = set(doc) - TOP_KEYS
-    if unknown:
-        problems.append(f"unknown top-level key(s) {sorted(unknown)}")
-    if doc.get("version") != 1:
-        problems.append(f"version must be 1, got {doc.get('version')!r}")
-    target_labels = doc.get("target_labels", []) or []
-    if not isinstance(target_labels, list) or not all(
-            isinstance(x, str) and LABEL_NAME_RE.match(x) for x in target_labels):
-        problems.append("target_labels must be a list of label names")
-        target_labels = []
-    defaults = doc.get("defaults", {}) or {}
-    if not isinstance(defaults, dict) or set(defaults) - DEFAULT_KEYS:
-        problems.append(f"defaults may only hold {sorted(DEFAULT_KEYS)}")
-        defaults = {}
-    raw_metrics = doc.get("metrics")
-    if not isinstance(raw_metrics, list) or not raw_metrics:
-        problems.append("'metrics' must be a non-empty list")
-        raise SpecError(problems, origin)
-    metrics: list[MetricSpec] = []
-    for i, raw in enumerate(raw_metrics):
-        m = _parse_entry(i, raw, defaults, tuple(target_labels), problems)
-        if m:
-            metrics.append(m)
-    seen: dict[str, str] = {}
-    literal_keys: dict[str, str] = {}
-    fields: dict[str, str] = {}
-    for m in metrics:
-        if m.name in seen:
-            problems.append(f"metric {m.name!r}: declared twice")
-        seen[m.name] = m.name
-        for s in m.sources:
-            if s.literal and not s.when_absent:  # a conditional source may share its key with another metric
-                if s.pattern in literal_keys and literal_keys[s.pattern] != m.name:
-                    problems.append(
-                        f"metric {m.name!r}: key {s.pattern!r} already feeds {literal_keys[s.pattern]!r}")
-                literal_keys[s.pattern] = m.name
-        if m.field:
-            if m.field in fields:
-                problems.append(f"metric {m.name!r}: field {m.field!r} already feeds {fields[m.field]!r}")
-            fields[m.field] = m.name
-    rules_raw = doc.get("rules", {}) or {}
-    if not isinstance(rules_raw, dict) or set(rules_raw) - RULES_KEYS:
-        problems.append(f"rules may hold {sorted(RULES_KEYS)}")
-        rules_raw = {}
-    rules_config = RulesConfig(**{k: str(v) for k, v in rules_raw.items()})
-    global_raw = doc.get("alerts", []) or []
-    if not isinstance(global_raw, list):
-        problems.append("alerts (top level) must be a list")
-        global_raw = []
-    global_alerts = []
-    for j, item in enumerate(global_raw):
-        if not isinstance(item, dict):
-            problems.append(f"alerts[{j}]: must be a mapping")
-            continue
-        a = parse_alert("(cross-metric)", j, item, problems)
-        if a is not None:
-            if a.kind != "expr":
-                problems.append(f"alert {a.alert!r}: a top-level alert must be of kind expr")
-            global_alerts.append(a)
-    recorded = [name for m in metrics for name, _ in m.recordings]
-    for dup in sorted({n for n in recorded if recorded.count(n) > 1}):
-        problems.append(f"recording {dup!r}: declared twice")
-    names = [a.alert for m in metrics for a in m.alerts] + [a.alert for a in global_alerts]
-    for dup in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"alert {dup!r}: declared twice")
-    for a in [a for m in metrics for a in m.alerts] + global_alerts:
-        for target in a.inhibits:
-            if target not in names:
-                problems.append(f"alert {a.alert!r}: inhibits unknown alert {target!r}")
-    signals = [sig for m in metrics for sig in m.detect]
-    seen_signals: set[str] = set()
-    detector_gauges = {m.name for m in metrics if m.collector == "detector"}
-    for sig in signals:
-        if sig.name in seen_signals:
-            problems.append(f"signal {sig.name!r}: declared twice")
-        seen_signals.add(sig.name)
-        for stat in sig.export:
-            if f"verl_detector_{stat}" not in detector_gauges:
-                problems.append(f"signal {sig.name!r}: exports {stat} but verl_detector_{stat} is not declared "
-                                "(collector: detector)")
-    if problems:
-        raise SpecError(problems, origin)
-    return Spec(version=1, target_labels=tuple(target_labels), metrics=tuple(metrics),
-                by_name={m.name: m for m in metrics}, rules=rules_config, global_alerts=tuple(global_alerts))
+    lines = lines or {}
+    model = validate(SpecFile, doc, origin, lines, SpecError, _hint)
+    found = [f"{where(origin, lines, path)}: {'.'.join(map(str, path))}: {message}"
+             for path, message in model.cross_problems()]
+    if found:
+        raise SpecError(sorted(found, key=_line_of), origin)
+    return model.to_spec()
 
 
 def load_spec(path: str | Path | None = None) -> Spec:
     """Load a spec file (the packaged one by default)."""
     if path is None:
-        text = resources.files(__name__).joinpath(DEFAULT_SPEC).read_text(encoding="utf-8")
         origin = f"packaged spec {DEFAULT_SPEC}"
+        doc, lines = parse_yaml(resources.files(__name__).joinpath(DEFAULT_SPEC).read_text(encoding="utf-8"),
+                                origin, SpecError)
     else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise SpecError([f"cannot read the spec: {e.strerror}"], str(path)) from None
-        except UnicodeDecodeError as e:
-            raise SpecError([f"not UTF-8 text (byte {e.start})"], str(path)) from None
         origin = str(path)
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError([f"not valid YAML: {e}"], origin) from None
-    return parse_spec(doc, origin)
+        doc, lines = read_yaml(path, SpecError)
+    return parse_spec(doc, origin, lines)
+
+
+def schema() -> dict:
+    """The JSON Schema of a spec file (``verl-exporter schema spec``)."""
+    return json_schema(SpecFile, "verl-exporter metric spec (metrics.yaml)")

@@ -4,52 +4,39 @@ baselines are built (see ``verl_exporter.core.detect``)."""
 from __future__ import annotations
 
 import re
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints, model_validator
 
 from ..core.detect import MIN_STEPS_FLOOR, STATS, SignalSpec
+from ..core.models import StrictModel
 
 SIGNAL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-DETECT_KEYS = {"signal", "labels", "window", "hold", "level_steps", "min_steps", "floor", "rel_floor", "trend",
-               "export"}
 
 
-def parse_detect(metric: str, labels: tuple[str, ...], i: int, raw, problems: list[str]) -> SignalSpec | None:
-    where = f"metric {metric!r} detect[{i}]"
-    if not isinstance(raw, dict):
-        problems.append(f"{where}: must be a mapping")
-        return None
-    unknown = set(raw) - DETECT_KEYS
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {sorted(unknown)}")
-    name = raw.get("signal")
-    if not isinstance(name, str) or not SIGNAL_NAME_RE.match(name):
-        problems.append(f"{where}: signal must be a lower_snake_case name")
-        return None
-    sig_labels = raw.get("labels", {}) or {}
-    if not isinstance(sig_labels, dict) or set(sig_labels) != set(labels):
-        problems.append(f"{where}: labels must give a value for each of the metric's labels {list(labels)}")
-        sig_labels = {}
-    ints = {}
-    for key, default, low in (("window", 30, MIN_STEPS_FLOOR), ("hold", 3, 1), ("level_steps", 5, 1),
-                              ("min_steps", MIN_STEPS_FLOOR, MIN_STEPS_FLOOR)):
-        value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{where}: {key} must be an integer >= {low}")
-            value = default
-        ints[key] = value
-    if ints["min_steps"] > ints["window"]:
-        problems.append(f"{where}: min_steps cannot exceed window")
-    floats = {}
-    for key, default in (("floor", 0.0), ("rel_floor", 0.02)):
-        value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            problems.append(f"{where}: {key} must be a number >= 0")
-            value = default
-        floats[key] = float(value)
-    export = raw.get("export", ["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore"])
-    if not isinstance(export, list) or set(export) - set(STATS):
-        problems.append(f"{where}: export may list {list(STATS)}")
-        export = []
-    if "steps" not in export:
-        export = ["steps", *export]
-    return SignalSpec(name=name, metric=metric, labels=tuple((k, str(v)) for k, v in sig_labels.items()),
-                      trend=bool(raw.get("trend", True)), export=tuple(export), **ints, **floats)
+class DetectEntry(StrictModel):
+    """An adaptive signal fed by one series of the entry's metric."""
+
+    signal: Annotated[str, StringConstraints(pattern=SIGNAL_NAME_RE.pattern)]
+    labels: dict[str, str] = Field(default_factory=dict, description="a value for each of the metric's labels")
+    window: int = Field(30, ge=MIN_STEPS_FLOOR, description="steps in the baseline window")
+    hold: int = Field(3, ge=1, description="steps a deviation must last to count as sustained")
+    level_steps: int = Field(5, ge=1, description="steps in the running level (a median)")
+    min_steps: int = Field(MIN_STEPS_FLOOR, ge=MIN_STEPS_FLOOR, description="steps before it judges")
+    floor: float = Field(0.0, ge=0, description="absolute floor of the spread")
+    rel_floor: float = Field(0.02, ge=0, description="floor of the spread as a share of |expected|")
+    trend: bool = Field(True, description="project the window's trend (off for values that should be flat)")
+    export: list[Literal[STATS]] = ["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore"]
+
+    @model_validator(mode="after")
+    def _min_steps(self) -> DetectEntry:
+        if self.min_steps > self.window:
+            raise ValueError("min_steps cannot exceed window")
+        return self
+
+    def to_signal(self, metric: str) -> SignalSpec:
+        export = self.export if "steps" in self.export else ["steps", *self.export]
+        return SignalSpec(name=self.signal, metric=metric, labels=tuple(self.labels.items()), window=self.window,
+                          hold=self.hold, level_steps=self.level_steps, min_steps=self.min_steps,
+                          floor=float(self.floor), rel_floor=float(self.rel_floor), trend=self.trend,
+                          export=tuple(export))

@@ -21,7 +21,12 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from ..core.models import StrictModel
 
 ALERT_NAME_RE = re.compile(r"^Verl[A-Z][A-Za-z0-9]*$")
 DURATION_RE = re.compile(r"^(\d+[smhd])+$")
@@ -33,21 +38,12 @@ DASHBOARDS = ("overview", "training", "gpu", "host")
 PANEL_TYPES = ("timeseries", "bars", "stat", "heatmap", "bargauge", "table")
 # The only Go-template constructs a summary/description may use, so that tests can expand them exactly.
 TEMPLATE_RE = re.compile(r"\{\{\s*(\$value\s*\|\s*printf\s+\"%\.\d+[gf]\"|\$labels\.[a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
-ALERT_KEYS = {"alert", "kind", "severity", "summary", "description", "for", "op", "threshold", "matchers",
-              "aggregate", "window", "k", "direction", "rel_floor", "horizon", "expr", "labels", "runbook",
-              "test", "inhibits", "keep_firing_for", "signal", "change", "confirm", "params", "safety"}
-PARAM_KEYS = {"value", "op", "min", "max"}
 PARAM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 RESERVED_PLACEHOLDERS = ("metric", "sel")
 EXPR_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)>")
 TEXT_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)(\|pct)?>")
 TEST_EXPR_RE = re.compile(r"<([^<>]+)>")
 SIGNAL_MATCHER_RE = re.compile(r'signal\s*=~?\s*"([^"]+)"')
-SAFETY = ("hard",)  # safety: hard marks an alert calibrate never loosens (NaN/Inf, hangs, hardware faults)
-CONFIRM_KEYS = {"signal", "direction", "k", "change"}
-PANEL_KEYS = {"dashboard", "row", "title", "type", "query", "legend", "moving_average", "stack", "rate",
-              "width", "height", "unit", "min", "max", "description"}
-RUNBOOK_KEYS = {"meaning", "confirm", "action"}
 
 
 def duration_seconds(text: str) -> int:
@@ -134,174 +130,8 @@ class Panel:
     description: str = ""
 
 
-def _check_template(where: str, text: str, problems: list[str]) -> None:
-    leftover = TEMPLATE_RE.sub("", text)
-    if "{{" in leftover or "}}" in leftover:
-        problems.append(f"{where}: only {{{{ $value | printf \"%.3g\" }}}} and {{{{ $labels.NAME }}}} may be used "
-                        f"in annotations, got {text!r}")
-
-
-def parse_alert(metric: str, i: int, raw: dict, problems: list[str]) -> Alert | None:
-    name = raw.get("alert")
-    where = f"metric {metric!r} alert {name!r}" if name else f"metric {metric!r} alerts[{i}]"
-    unknown = set(raw) - ALERT_KEYS
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {sorted(unknown)}")
-    missing = [k for k in ("alert", "kind", "severity", "summary", "description") if k not in raw]
-    if missing:
-        problems.append(f"{where}: missing required key(s) {missing}")
-        return None
-    if not ALERT_NAME_RE.match(str(name)):
-        problems.append(f"{where}: alert names are CamelCase and start with Verl")
-    kind = raw["kind"]
-    if kind not in KINDS:
-        problems.append(f"{where}: kind must be one of {list(KINDS)}, got {kind!r}")
-    if raw["severity"] not in SEVERITIES:
-        problems.append(f"{where}: severity must be one of {list(SEVERITIES)}")
-    for key in ("summary", "description"):
-        if not isinstance(raw[key], str) or not raw[key].strip():
-            problems.append(f"{where}: {key} must be a non-empty sentence")
-        else:
-            _check_template(where, raw[key], problems)
-    for key in ("for", "window", "horizon", "keep_firing_for"):
-        if key in raw and not DURATION_RE.match(str(raw[key])):
-            problems.append(f"{where}: {key} must be a Prometheus duration like 5m, got {raw[key]!r}")
-    if "op" in raw and raw["op"] not in OPS:
-        problems.append(f"{where}: op must be one of {list(OPS)}")
-    threshold = raw.get("threshold")
-    if kind in ("threshold", "trend", "stale") and (not isinstance(threshold, (int, float))
-                                                    or isinstance(threshold, bool)):
-        problems.append(f"{where}: a {kind} alert needs a numeric threshold")
-    if kind == "expr" and not str(raw.get("expr", "")).strip():
-        problems.append(f"{where}: an expr alert needs expr")
-    if kind == "expr" and not isinstance(raw.get("test"), dict):
-        problems.append(f"{where}: an expr alert needs a test (input series, when it fires, when it is silent)")
-    if kind == "adaptive":
-        if raw.get("direction", "up") not in DIRECTIONS:
-            problems.append(f"{where}: direction must be one of {list(DIRECTIONS)}")
-        k = raw.get("k", 4.0)
-        if not isinstance(k, (int, float)) or k <= 0:
-            problems.append(f"{where}: k must be a positive number of standard deviations")
-    confirm: list[Confirm] = []
-    if kind == "detector":
-        if not isinstance(raw.get("signal"), str) or not raw.get("signal"):
-            problems.append(f"{where}: a detector alert needs a signal")
-        if raw.get("direction", "up") not in DIRECTIONS:
-            problems.append(f"{where}: direction must be one of {list(DIRECTIONS)}")
-        for j, c in enumerate(raw.get("confirm", []) or []):
-            if not isinstance(c, dict) or set(c) - CONFIRM_KEYS or not isinstance(c.get("signal"), str) \
-                    or c.get("direction", "down") not in DIRECTIONS:
-                problems.append(f"{where}: confirm[{j}] needs a signal and may hold {sorted(CONFIRM_KEYS)}")
-                continue
-            confirm.append(Confirm(signal=c["signal"], direction=c.get("direction", "down"),
-                                   k=float(c.get("k", raw.get("k", 4.0))), change=float(c.get("change", 0.0))))
-    runbook = raw.get("runbook", {}) or {}
-    if not isinstance(runbook, dict) or set(runbook) - RUNBOOK_KEYS:
-        problems.append(f"{where}: runbook may hold {sorted(RUNBOOK_KEYS)}")
-        runbook = {}
-    labels = raw.get("labels", {}) or {}
-    if not isinstance(labels, dict) or "severity" in labels:
-        problems.append(f"{where}: labels must be a mapping (severity has its own key)")
-        labels = {}
-    inhibits = raw.get("inhibits", []) or []
-    if not isinstance(inhibits, list) or not all(ALERT_NAME_RE.match(str(x)) for x in inhibits):
-        problems.append(f"{where}: inhibits must list alert names")
-        inhibits = []
-    test = raw.get("test", {}) or {}
-    if not isinstance(test, dict):
-        problems.append(f"{where}: test must be a mapping")
-        test = {}
-    params = _parse_params(where, kind, raw, problems)
-    if raw.get("safety", "hard") not in SAFETY:
-        problems.append(f"{where}: safety may only be {list(SAFETY)}")
-    alert = Alert(
-        alert=str(name), kind=kind, severity=raw["severity"], summary=" ".join(str(raw["summary"]).split()),
-        description=" ".join(str(raw["description"]).split()), metric=metric, for_=str(raw.get("for", "0m")),
-        op=raw.get("op", ">"), threshold=raw.get("threshold"), matchers=str(raw.get("matchers", "")),
-        aggregate=str(raw.get("aggregate", "")), window=str(raw.get("window", "30m")), k=float(raw.get("k", 4.0)),
-        direction=raw.get("direction", "up"), rel_floor=float(raw.get("rel_floor", 0.05)),
-        horizon=str(raw.get("horizon", "4h")), expr=" ".join(str(raw.get("expr", "")).split()),
-        labels={str(k): str(v) for k, v in labels.items()}, runbook={k: str(v) for k, v in runbook.items()},
-        test=test, inhibits=tuple(inhibits), keep_firing_for=str(raw.get("keep_firing_for", "")),
-        signal=str(raw.get("signal", "")), change=float(raw.get("change", 0.0)), confirm=tuple(confirm),
-        params=params, safety=str(raw.get("safety", "")), base_for=str(raw.get("for", "0m")))
-    alert = replace(alert, texts={"summary": alert.summary, "description": alert.description,
-                                  **{f"runbook.{k}": v for k, v in alert.runbook.items()}})
-    names = set(knobs(alert))
-    for key in ("summary", "description"):  # runbook prose may hold <step>-like words of its own
-        text = alert.texts[key]
-        unknown = {name for name, _ in TEXT_PLACEHOLDER_RE.findall(text)} - names
-        if unknown:
-            problems.append(f"{where}: {key} quotes <{'>, <'.join(sorted(unknown))}>, which are not its knobs "
-                            f"({sorted(names)})")
-    if kind == "expr":
-        for j, s in enumerate(test.get("input", []) or []):
-            if isinstance(s, dict):
-                _check_test_exprs(f"{where} test.input[{j}]", str(s.get("values", "")), names, problems)
-        for key in ("value", "value_slope"):
-            if key in test:
-                _check_test_exprs(f"{where} test.{key}", str(test[key]), names, problems)
-    return render_texts(alert)
-
-
-def _parse_params(where: str, kind: str, raw: dict, problems: list[str]) -> tuple[Param, ...]:
-    declared = raw.get("params")
-    expr = str(raw.get("expr", ""))
-    used = set(EXPR_PLACEHOLDER_RE.findall(expr)) - set(RESERVED_PLACEHOLDERS)
-    if declared is None:
-        if kind == "expr" and used:
-            problems.append(f"{where}: expr uses <{'>, <'.join(sorted(used))}> but declares no params")
-        return ()
-    if kind != "expr":
-        problems.append(f"{where}: only expr alerts declare params (a {kind} alert's knobs are its own keys)")
-        return ()
-    if not isinstance(declared, dict):
-        problems.append(f"{where}: params must map names to {{value, op}}")
-        return ()
-    out = []
-    for name, spec in declared.items():
-        pw = f"{where} params.{name}"
-        if not isinstance(name, str) or not PARAM_NAME_RE.match(name) or name in RESERVED_PLACEHOLDERS:
-            problems.append(f"{pw}: a param name is lower_snake_case (not metric or sel)")
-            continue
-        if not isinstance(spec, dict) or set(spec) - PARAM_KEYS or "value" not in spec:
-            problems.append(f"{pw}: needs value (and op), may hold {sorted(PARAM_KEYS)}")
-            continue
-        numbers = {}
-        for key in ("value", "min", "max"):
-            v = spec.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                problems.append(f"{pw}: {key} must be a number")
-                v = None
-            numbers[key] = None if v is None else float(v)
-        if numbers["value"] is None:
-            continue
-        op = spec.get("op", ">")
-        if op not in OPS:
-            problems.append(f"{pw}: op must be one of {list(OPS)}")
-            op = ">"
-        p = Param(name=name, value=numbers["value"], op=op, min=numbers["min"], max=numbers["max"])
-        if not in_range(p, p.value):
-            problems.append(f"{pw}: value {p.value:g} is outside [{p.min}, {p.max}]")
-        out.append(p)
-    names = {p.name for p in out}
-    if used - names:
-        problems.append(f"{where}: expr uses undeclared param(s) {sorted(used - names)}")
-    if names - used:
-        problems.append(f"{where}: param(s) {sorted(names - used)} are not used in expr")
-    return tuple(out)
-
-
 def in_range(p: Param, value: float) -> bool:
     return (p.min is None or value >= p.min) and (p.max is None or value <= p.max)
-
-
-def _check_test_exprs(where: str, text: str, names: set[str], problems: list[str]) -> None:
-    for expr in TEST_EXPR_RE.findall(text):
-        try:
-            eval_knob_expr(expr, {n: 1.0 for n in names})
-        except ValueError as e:
-            problems.append(f"{where}: <{expr}>: {e}")
 
 
 # ---------------------------------------------------------------------------------------------- knobs
@@ -423,37 +253,201 @@ def alert_signals(alert: Alert) -> tuple[str, ...]:
     return ()
 
 
-def parse_panel(metric: str, i: int, raw: dict, problems: list[str]) -> Panel | None:
-    where = f"metric {metric!r} panels[{i}]"
-    unknown = set(raw) - PANEL_KEYS
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {sorted(unknown)}")
-    if raw.get("dashboard") not in DASHBOARDS:
-        problems.append(f"{where}: dashboard must be one of {list(DASHBOARDS)}")
-        return None
-    if not raw.get("title"):
-        problems.append(f"{where}: a panel needs a title")
-        return None
-    if raw.get("type", "timeseries") not in PANEL_TYPES:
-        problems.append(f"{where}: type must be one of {list(PANEL_TYPES)}")
-    query = str(raw.get("query", "<metric>{<sel>}"))
-    if "<sel>" not in query:
-        problems.append(f"{where}: the query must use <sel> so the dashboard's job/run/rank variables apply")
-    if raw.get("rate") and query != "<metric>{<sel>}":
-        problems.append(f"{where}: rate: true wraps the plain selector; write rate() into a custom query instead")
-    if "rate(" in query and "$__rate_interval" not in query:
-        problems.append(f"{where}: rate() in a panel must use [$__rate_interval]")
-    width = raw.get("width", 12)
-    if not isinstance(width, int) or not 1 <= width <= 24:
-        problems.append(f"{where}: width is 1-24 grid columns")
-    return Panel(metric=metric, dashboard=raw["dashboard"], title=str(raw["title"]), row=str(raw.get("row", "")),
-                 type=raw.get("type", "timeseries"), query=query, legend=str(raw.get("legend", "")),
-                 moving_average=str(raw.get("moving_average", "")), stack=bool(raw.get("stack", False)),
-                 rate=bool(raw.get("rate", False)), width=width if isinstance(width, int) else 12,
-                 height=int(raw.get("height", 8)), unit=str(raw.get("unit", "")), min=raw.get("min"),
-                 max=raw.get("max"), description=str(raw.get("description", "")))
-
-
 def equality_matchers(text: str) -> dict[str, str]:
     """The name="value" matchers of a selector: the labels absent() and aggregations keep."""
     return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"', text))
+
+
+# ---------------------------------------------------------------------------------------------- the file's shape
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PydanticCustomError("number_type", "must be a number")
+    return value
+
+
+# A number kept as written (an int stays an int, as the dashboards' JSON and the rules print it).
+Number = Annotated[int | float, BeforeValidator(_number)]
+Duration = Annotated[str, StringConstraints(pattern=DURATION_RE.pattern)]
+Sentence = Annotated[str, StringConstraints(pattern=r"\S")]
+AlertName = Annotated[str, StringConstraints(pattern=ALERT_NAME_RE.pattern)]
+ParamName = Annotated[str, StringConstraints(pattern=PARAM_NAME_RE.pattern)]
+# What a pattern check says when it fails (core.models reports pydantic's own words otherwise).
+PATTERN_MESSAGES = {
+    DURATION_RE.pattern: "must be a Prometheus duration like 5m",
+    r"\S": "must be a non-empty sentence",
+    ALERT_NAME_RE.pattern: "alert names are CamelCase and start with Verl",
+    PARAM_NAME_RE.pattern: "a param name is lower_snake_case",
+}
+
+
+class ParamEntry(StrictModel):
+    """A named threshold of an expr alert (a knob an overrides file may change)."""
+
+    value: float
+    op: Literal[OPS] = Field(">", description="the watched quantity {op} value fires")
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _in_range(self) -> ParamEntry:
+        if not in_range(self.to_param(""), self.value):
+            raise ValueError(f"value {self.value:g} is outside [{self.min}, {self.max}]")
+        return self
+
+    def to_param(self, name: str) -> Param:
+        return Param(name=name, value=self.value, op=self.op, min=self.min, max=self.max)
+
+
+class ConfirmEntry(StrictModel):
+    """Another signal that must deviate at the same time for a detector alert to hold."""
+
+    signal: str
+    direction: Literal[DIRECTIONS] = "down"
+    k: float | None = Field(None, description="default: the alert's k")
+    change: float = 0.0
+
+
+class AlertEntry(StrictModel):
+    """An alert, on a metric entry or (kind expr, on several metrics) at the top level."""
+
+    alert: AlertName
+    kind: Literal[KINDS]
+    severity: Literal[SEVERITIES]
+    summary: Sentence
+    description: Sentence
+    for_: Duration = Field("0m", alias="for")
+    op: Literal[OPS] = ">"
+    threshold: Number | None = Field(None, description="kinds threshold, trend and stale")
+    matchers: str = ""
+    aggregate: str = ""
+    window: Duration = "30m"
+    k: float = Field(4.0, gt=0, description="standard deviations (kinds adaptive and detector)")
+    direction: Literal[DIRECTIONS] = "up"
+    rel_floor: float = 0.05
+    horizon: Duration = "4h"
+    expr: str = Field("", description="kind expr: PromQL with <metric>, <sel> and <param> placeholders")
+    labels: dict[str, str] = Field(default_factory=dict, description="team decides the route")
+    runbook: dict[Literal["meaning", "confirm", "action"], str] = Field(default_factory=dict)
+    test: dict[str, Any] | None = Field(None, description="kind expr: input series, when it fires and is silent")
+    inhibits: list[AlertName] = Field(default_factory=list)
+    keep_firing_for: Duration | None = None
+    signal: str = Field("", description="kind detector: the step-domain signal (detect:)")
+    change: float = 0.0
+    confirm: list[ConfirmEntry] = Field(default_factory=list)
+    params: dict[ParamName, ParamEntry] | None = Field(None, description="kind expr: its named thresholds")
+    safety: Literal["hard"] | None = Field(None, description="hard: calibrate never loosens it")
+
+    @field_validator("summary", "description")
+    @classmethod
+    def _template(cls, text: str) -> str:
+        leftover = TEMPLATE_RE.sub("", text)
+        if "{{" in leftover or "}}" in leftover:
+            raise ValueError('only {{ $value | printf "%.3g" }} and {{ $labels.NAME }} may be used in annotations')
+        return text
+
+    @field_validator("labels")
+    @classmethod
+    def _no_severity(cls, labels: dict[str, str]) -> dict[str, str]:
+        if "severity" in labels:
+            raise ValueError("severity has its own key")
+        return labels
+
+    @field_validator("params")
+    @classmethod
+    def _param_names(cls, params: dict[str, ParamEntry] | None) -> dict[str, ParamEntry] | None:
+        reserved = set(params or ()) & set(RESERVED_PLACEHOLDERS)
+        if reserved:
+            raise ValueError(f"{sorted(reserved)} are the placeholders of every expr, not params")
+        return params
+
+    @model_validator(mode="after")
+    def _by_kind(self) -> AlertEntry:
+        """What each kind needs, and that the texts and the test quote only its knobs."""
+        bad = []
+        if self.kind in ("threshold", "trend", "stale") and self.threshold is None:
+            bad.append(f"a {self.kind} alert needs a numeric threshold")
+        if self.kind == "expr" and not self.expr.strip():
+            bad.append("an expr alert needs expr")
+        if self.kind == "expr" and self.test is None:
+            bad.append("an expr alert needs a test (input series, when it fires, when it is silent)")
+        if self.kind == "detector" and not self.signal:
+            bad.append("a detector alert needs a signal")
+        used = set(EXPR_PLACEHOLDER_RE.findall(self.expr)) - set(RESERVED_PLACEHOLDERS)
+        if self.params is not None and self.kind != "expr":
+            bad.append(f"only expr alerts declare params (a {self.kind} alert's knobs are its own keys)")
+        elif self.kind == "expr" and used - set(self.params or ()):
+            bad.append(f"expr uses undeclared param(s) {sorted(used - set(self.params or ()))}")
+        elif set(self.params or ()) - used:
+            bad.append(f"param(s) {sorted(set(self.params or ()) - used)} are not used in expr")
+        names = set(knobs(self.to_alert("")))
+        for key in ("summary", "description"):  # runbook prose may hold <step>-like words of its own
+            unknown = {name for name, _ in TEXT_PLACEHOLDER_RE.findall(getattr(self, key))} - names
+            if unknown:
+                bad.append(f"{key} quotes <{'>, <'.join(sorted(unknown))}>, which are not its knobs "
+                           f"({sorted(names)})")
+        if self.kind == "expr" and self.test:
+            texts = {f"test.input[{j}]": str(s.get("values", "")) for j, s in enumerate(self.test.get("input") or [])
+                     if isinstance(s, dict)}
+            texts.update({f"test.{key}": str(self.test[key]) for key in ("value", "value_slope") if key in self.test})
+            for where, text in texts.items():
+                for expr in TEST_EXPR_RE.findall(text):
+                    try:
+                        eval_knob_expr(expr, dict.fromkeys(names, 1.0))
+                    except ValueError as e:
+                        bad.append(f"{where}: <{expr}>: {e}")
+        if bad:
+            raise ValueError("; ".join(bad))
+        return self
+
+    def to_alert(self, metric: str) -> Alert:
+        """The Alert of the metric entry ``metric``, its texts rendered with its knobs."""
+        alert = Alert(
+            alert=self.alert, kind=self.kind, severity=self.severity, summary=" ".join(self.summary.split()),
+            description=" ".join(self.description.split()), metric=metric, for_=self.for_, op=self.op,
+            threshold=self.threshold, matchers=self.matchers, aggregate=self.aggregate, window=self.window,
+            k=float(self.k), direction=self.direction, rel_floor=float(self.rel_floor), horizon=self.horizon,
+            expr=" ".join(self.expr.split()), labels=dict(self.labels), runbook=dict(self.runbook),
+            test=dict(self.test or {}), inhibits=tuple(self.inhibits), keep_firing_for=self.keep_firing_for or "",
+            signal=self.signal, change=float(self.change), safety=self.safety or "", base_for=self.for_,
+            confirm=tuple(Confirm(c.signal, c.direction, float(self.k if c.k is None else c.k), float(c.change))
+                          for c in self.confirm),
+            params=tuple(p.to_param(name) for name, p in (self.params or {}).items()))
+        alert = replace(alert, texts={"summary": alert.summary, "description": alert.description,
+                                      **{f"runbook.{k}": v for k, v in alert.runbook.items()}})
+        return render_texts(alert)
+
+
+class PanelEntry(StrictModel):
+    """A dashboard panel drawing the entry's metric (or a query of its own)."""
+
+    dashboard: Literal[DASHBOARDS]
+    row: str = ""
+    title: Annotated[str, StringConstraints(min_length=1)]
+    type: Literal[PANEL_TYPES] = "timeseries"
+    query: str = Field("<metric>{<sel>}", description="PromQL with <metric> and <sel>")
+    legend: str = ""
+    moving_average: str = ""
+    stack: bool = False
+    rate: bool = False
+    width: int = Field(12, ge=1, le=24, description="grid columns")
+    height: int = 8
+    unit: str = Field("", description="a Grafana unit")
+    min: Number | None = None
+    max: Number | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _query(self) -> PanelEntry:
+        bad = []
+        if "<sel>" not in self.query:
+            bad.append("the query must use <sel> so the dashboard's job/run/rank variables apply")
+        if self.rate and self.query != "<metric>{<sel>}":
+            bad.append("rate: true wraps the plain selector; write rate() into a custom query instead")
+        if "rate(" in self.query and "$__rate_interval" not in self.query:
+            bad.append("rate() in a panel must use [$__rate_interval]")
+        if bad:
+            raise ValueError("; ".join(bad))
+        return self
+
+    def to_panel(self, metric: str) -> Panel:
+        return Panel(metric=metric, **{name: getattr(self, name) for name in type(self).model_fields})

@@ -18,9 +18,16 @@ def _overrides(spec: Spec) -> dict:
     return schema(spec)
 
 
+def _spec(spec: Spec) -> dict:
+    from ..spec import schema
+
+    return schema()
+
+
 # kind -> (what it describes, the function that writes its schema for a spec)
 SCHEMAS: dict[str, tuple[str, Callable[[Spec], dict]]] = {
     "overrides": ("verl-exporter.yaml: knobs over the packaged alert pack", _overrides),
+    "spec": ("metrics.yaml: every metric, its alerts, panels, recordings and adaptive signals", _spec),
 }
 
 
