@@ -198,11 +198,6 @@ def _compile_match(pattern: str) -> re.Pattern | None:
 # ---------------------------------------------------------------------------------------------- the file's shape
 LabelName = Annotated[str, StringConstraints(pattern=LABEL_NAME_RE.pattern)]
 Key = Annotated[str, StringConstraints(min_length=1)]
-PATTERN_MESSAGES.update({
-    METRIC_NAME_RE.pattern: f"must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_)",
-    LABEL_NAME_RE.pattern: "must be a label name (letters, digits, _; not a digit first)",
-    RECORDING_NAME_RE.pattern: "must be a name like level:verl_name:operations",
-})
 
 
 class SourceEntry(StrictModel):
@@ -273,10 +268,8 @@ class RecordingEntry(StrictModel):
         return expr
 
 
-WindowRecording = Annotated[str, StringConstraints(
-    pattern=rf"^({'|'.join(RECORDINGS)}|{WINDOW_RECORDING.pattern})$")]
-PATTERN_MESSAGES[WindowRecording.__metadata__[0].pattern] = (
-    f"record may list {list(RECORDINGS)}, <avg|max|min>_over_time_<N><m|h> and {{record, expr}} rules")
+RECORDING_KIND = rf"^({'|'.join(RECORDINGS)}|{WINDOW_RECORDING.pattern})$"
+RecordingKind = Annotated[str, StringConstraints(pattern=RECORDING_KIND)]
 
 
 def _name_fits_type(name: str, mtype: str) -> str | None:
@@ -306,7 +299,7 @@ class MetricEntry(StrictModel):
                                                             "defaults.max_series)")
     alerts: list[AlertEntry] = Field(default_factory=list)
     panels: list[PanelEntry] = Field(default_factory=list)
-    record: list[WindowRecording | RecordingEntry] = Field(default_factory=list)
+    record: list[RecordingKind | RecordingEntry] = Field(default_factory=list)
     detect: list[DetectEntry] = Field(default_factory=list)
 
     @field_validator("name")
@@ -460,6 +453,16 @@ class SpecFile(StrictModel):
                     global_alerts=tuple(a.to_alert("(cross-metric)") for a in self.alerts))
 
 
+_PATTERN_MESSAGES = {
+    **PATTERN_MESSAGES,
+    METRIC_NAME_RE.pattern: f"must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_)",
+    LABEL_NAME_RE.pattern: "must be a label name (letters, digits, _; not a digit first)",
+    RECORDING_NAME_RE.pattern: "must be a name like level:verl_name:operations",
+    RECORDING_KIND: f"record may list {list(RECORDINGS)}, <avg|max|min>_over_time_<N><m|h> and {{record, expr}} "
+                    "rules",
+}
+
+
 def _hint(err: dict, path: tuple) -> str | None:
     """The spec's own words for a failed literal or pattern (pydantic's are generic)."""
     if path == ("version",) and err["type"] == "literal_error":
@@ -467,7 +470,7 @@ def _hint(err: dict, path: tuple) -> str | None:
     if err["type"] == "literal_error":
         return f"must be one of {err['ctx']['expected']}, got {err['input']!r}"
     if err["type"] == "string_pattern_mismatch":
-        return PATTERN_MESSAGES.get(err["ctx"]["pattern"])
+        return _PATTERN_MESSAGES.get(err["ctx"]["pattern"])
     return None
 
 
