@@ -272,16 +272,6 @@ RECORDING_KIND = rf"^({'|'.join(RECORDINGS)}|{WINDOW_RECORDING.pattern})$"
 RecordingKind = Annotated[str, StringConstraints(pattern=RECORDING_KIND)]
 
 
-def _name_fits_type(name: str, mtype: str) -> str | None:
-    if mtype == "counter" and not name.endswith("_total"):
-        return "a counter's name must end in _total"
-    if mtype == "gauge" and name.endswith("_total"):
-        return "only counters end in _total"
-    if name.removesuffix("_total").endswith("_timestamp_seconds") and mtype != "gauge":
-        return "a *_timestamp_seconds metric must be a gauge"
-    return None
-
-
 class MetricEntry(StrictModel):
     """One metric: its name and meaning, what feeds it, and the alerts, panels, recordings and adaptive
     signals declared on it."""
@@ -312,9 +302,15 @@ class MetricEntry(StrictModel):
     @field_validator("type")
     @classmethod
     def _type_fits_name(cls, mtype: str, info: ValidationInfo) -> str:
-        problem = _name_fits_type(info.data["name"], mtype) if "name" in info.data else None
-        if problem:
-            raise ValueError(problem)
+        name = info.data.get("name")
+        if name is None:  # its own problem is reported
+            return mtype
+        if mtype == "counter" and not name.endswith("_total"):
+            raise ValueError("a counter's name must end in _total")
+        if mtype == "gauge" and name.endswith("_total"):
+            raise ValueError("only counters end in _total")
+        if name.removesuffix("_total").endswith("_timestamp_seconds") and mtype != "gauge":
+            raise ValueError("a *_timestamp_seconds metric must be a gauge")
         return mtype
 
     @field_validator("unit")

@@ -373,12 +373,14 @@ class AlertEntry(StrictModel):
         if self.kind == "detector" and not self.signal:
             bad.append("a detector alert needs a signal")
         used = set(EXPR_PLACEHOLDER_RE.findall(self.expr)) - set(RESERVED_PLACEHOLDERS)
+        declared = set(self.params or ())
         if self.params is not None and self.kind != "expr":
             bad.append(f"only expr alerts declare params (a {self.kind} alert's knobs are its own keys)")
-        elif self.kind == "expr" and used - set(self.params or ()):
-            bad.append(f"expr uses undeclared param(s) {sorted(used - set(self.params or ()))}")
-        elif set(self.params or ()) - used:
-            bad.append(f"param(s) {sorted(set(self.params or ()) - used)} are not used in expr")
+        elif self.kind == "expr":
+            if used - declared:
+                bad.append(f"expr uses undeclared param(s) {sorted(used - declared)}")
+            if declared - used:
+                bad.append(f"param(s) {sorted(declared - used)} are not used in expr")
         names = set(knobs(self.to_alert("")))
         for key in ("summary", "description"):  # runbook prose may hold <step>-like words of its own
             unknown = {name for name, _ in TEXT_PLACEHOLDER_RE.findall(getattr(self, key))} - names
