@@ -40,6 +40,7 @@ from pathlib import Path
 
 import yaml
 
+from ..core.shutdown import stopping
 from .demo import _nonfinite_steps, demo_lines, run_demo
 
 INSTALL_HINT = "sudo apt-get update && sudo apt-get install -y prometheus prometheus-alertmanager"
@@ -336,8 +337,11 @@ class FullDemo:
 
     # ---- the run
     def run(self) -> int:
-        handlers = {sig: signal.signal(sig, lambda *_: self.done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-        logger = logging.getLogger("verl_exporter")
+        with stopping(self.done):
+            return self._run()
+
+    def _run(self) -> int:
+        logger = logging.getLogger(__name__.partition(".")[0])  # the package's: every component's warnings
         saved = (logger.level, logger.propagate)
         hook = _LogToDemo(self)
         logger.addHandler(hook)
@@ -362,8 +366,6 @@ class FullDemo:
             logger.removeHandler(hook)
             logger.setLevel(saved[0])
             logger.propagate = saved[1]
-            for sig, h in handlers.items():
-                signal.signal(sig, h)
         return status
 
     def start(self) -> None:
