@@ -123,19 +123,6 @@ class Matcher:
         return bool(self.regex.fullmatch(got)) if self.regex else got == self.value
 
 
-@dataclass(frozen=True)
-class Route:
-    receivers: tuple[str, ...] = ()  # empty: any receiver
-    matchers: tuple[Matcher, ...] = ()
-    targets: tuple[str, ...] = ()
-    continue_: bool = False
-
-    def matches(self, receiver: str, labels: dict[str, str]) -> bool:
-        if self.receivers and receiver not in self.receivers:
-            return False
-        return all(m.matches(labels) for m in self.matchers)
-
-
 class Delivery(StrictModel):
     """Retry, drain and rate settings shared by every target."""
 
@@ -289,11 +276,13 @@ MatchValue = Annotated[Any, PlainValidator(_match_value), WithJsonSchema({"anyOf
     {"type": ["string", "number"], "description": "the label's exact value"},
     {"type": "object", "properties": {"regex": {"type": "string"}}, "required": ["regex"],
      "additionalProperties": False, "description": "a regex the whole value must match"}]})]
-Matchers = dict[LabelName, MatchValue]
 
 
 def _matchers(raw: dict[str, str | re.Pattern]) -> tuple[Matcher, ...]:
     return tuple(Matcher(k, v.pattern, v) if isinstance(v, re.Pattern) else Matcher(k, v) for k, v in raw.items())
+
+
+Matchers = Annotated[dict[LabelName, MatchValue], AfterValidator(_matchers)]  # as a tuple of Matcher
 
 
 class _Secrets(StrictModel):
@@ -404,11 +393,11 @@ def _target(name: str, t: TargetEntry) -> Target:
     return Target(name, t.type, t.url, t.secret_of("token"), t.secret_of("secret"), **common)
 
 
-class RouteEntry(StrictModel):
+class Route(StrictModel):
     """Matches when the receiver is in `receivers` (if given) and every matcher matches the alert's labels."""
 
     receivers: list[Name] = Field(default_factory=list, description="receiver names; none: any receiver")
-    matchers: Matchers = Field(default_factory=dict, description="label: value, or label: {regex: ...}")
+    matchers: Matchers = Field(default=(), description="label: value, or label: {regex: ...}")
     targets: list[str] = Field(description="target names; [] delivers nowhere on purpose")
     continue_: bool = Field(False, alias="continue", description="let the routes below apply too")
 
@@ -419,6 +408,11 @@ class RouteEntry(StrictModel):
         if unknown:
             raise ValueError(f"unknown target(s) {unknown} (targets: {sorted(known)})")
         return self
+
+    def matches(self, receiver: str, labels: dict[str, str]) -> bool:
+        if self.receivers and receiver not in self.receivers:
+            return False
+        return all(m.matches(labels) for m in self.matchers)
 
 
 class ActionEntry(_Token):
@@ -442,7 +436,7 @@ class RelayFile(_Secrets):
     timezone: str = Field("UTC", description="IANA zone of the times in messages, e.g. Asia/Shanghai")
     delivery: Delivery = Field(default_factory=Delivery)
     targets: dict[Name, TargetEntry] = Field(min_length=1, description="robots (and consoles) by name")
-    routes: list[RouteEntry] = Field(min_length=1, description="evaluated per alert, in order; the first match "
+    routes: list[Route] = Field(min_length=1, description="evaluated per alert, in order; the first match "
                                                                "decides unless it says continue: true")
     actions: list[ActionEntry] = Field(default_factory=list, description="checkpoint/stop requests")
 
@@ -467,11 +461,10 @@ class RelayFile(_Secrets):
     def config(self) -> RelayConfig:
         return RelayConfig(
             targets={name: _target(name, t) for name, t in self.targets.items()},
-            routes=tuple(Route(tuple(r.receivers), _matchers(r.matchers), tuple(r.targets), r.continue_)
-                         for r in self.routes),
+            routes=tuple(self.routes),
             listen=self.listen, bearer_token=self.secret_of("bearer_token"), max_body_bytes=self.max_body_bytes,
             spool_dir=self.spool_dir, timezone=self.timezone, delivery=self.delivery,
-            actions=tuple(Action(_matchers(a.matchers), a.action, a.url.rstrip("/"), a.secret_of("token"),
+            actions=tuple(Action(a.matchers, a.action, a.url.rstrip("/"), a.secret_of("token"),
                                  a.cooldown_seconds) for a in self.actions))
 
 
