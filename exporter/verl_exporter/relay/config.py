@@ -271,6 +271,8 @@ TemplateFile = Annotated[PathText, AfterValidator(_template)]
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
 Severity = Literal["critical", "warning", "info"]
+Mobile = Annotated[str, StringConstraints(pattern=r"^\+?[0-9][0-9-]{4,19}$")]
+UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")]
 HttpUrl = Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
 MatchValue = Annotated[Any, PlainValidator(_match_value), WithJsonSchema({"anyOf": [
     {"type": ["string", "number"], "description": "the label's exact value"},
@@ -315,7 +317,9 @@ class _Token(_Secrets):
 
 
 class _TargetBase(StrictModel):
-    mention_mobiles: list[Annotated[str, StringConstraints(pattern=r"^\+?[0-9][0-9-]{4,19}$")]] = Field(
+    """What every target has: a console target formats exactly as its robot."""
+
+    mention_mobiles: list[Mobile] = Field(
         default_factory=list, description="mobiles @-mentioned (DingTalk; WeCom in text messages)")
     mention_severities: list[Severity] = Field(["critical"], description="mention only when a firing alert of "
                                                                          "these severities is in the message")
@@ -357,8 +361,7 @@ class WeComTarget(_Robot):
     KIND: ClassVar[str] = "wecom"
     type: Literal["wecom"]
     url: HttpUrl = Field(DEFAULT_URLS["wecom"], description="the robot's endpoint, without key")
-    mention_userids: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")]] = Field(
-        default_factory=list, description="user ids @-mentioned")
+    mention_userids: list[UserId] = Field(default_factory=list, description="user ids @-mentioned")
 
 
 class ConsoleTarget(_TargetBase):
@@ -369,8 +372,7 @@ class ConsoleTarget(_TargetBase):
     show: Literal["rendered", "body"] = Field("rendered", description="as the chat shows it, or the JSON body")
     color: Literal["auto", "always", "never"] = "auto"
     file: Annotated[PathText, AfterValidator(_console_file)] | None = Field(None, description="default: stdout")
-    mention_userids: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")]] = Field(
-        default_factory=list, description="user ids @-mentioned (style wecom)")
+    mention_userids: list[UserId] = Field(default_factory=list, description="user ids @-mentioned (style wecom)")
 
     @model_validator(mode="after")
     def _userids(self):
