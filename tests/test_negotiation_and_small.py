@@ -19,7 +19,6 @@ from verl_exporter.core.shutdown import SIGNALS, stop_event
 from verl_exporter.sidecar import node
 from verl_exporter.sidecar.control import ControlState, make_control_app
 
-
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
                      "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
 
