@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from ..core.shutdown import stopping
+from ..core.shutdown import stop_process, stopping
 from .demo import _nonfinite_steps, demo_lines, run_demo
 
 INSTALL_HINT = "sudo apt-get update && sudo apt-get install -y prometheus prometheus-alertmanager"
@@ -168,13 +168,7 @@ class Program:
         raise DemoError(f"{self.name} did not become ready within {timeout:.0f} s:\n{self.tail()}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 
