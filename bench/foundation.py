@@ -39,6 +39,7 @@ import psutil
 import requests
 from helpers import free_port, percentile, results_table
 from prometheus_client import CollectorRegistry, Gauge
+from verl_exporter.core.shutdown import stop_process
 from verl_exporter.tools.demo import demo_lines
 from verl_exporter.trainer.monitor import Monitor
 
@@ -261,13 +262,7 @@ class Proc:
         return ""
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=5)
+        stop_process(self.popen, timeout=5)
         self._log.close()
 
 

@@ -6,8 +6,8 @@
 1. Builds what each rank's sidecar serves, with the real code: per rank a real ``Sidecar`` (not started) whose
    GPU collectors see a fake NVML node of 8 GPUs (tests/fake_pynvml.py, 18 NVLink links each as on H100/H200
    SXM; rank r gets GPU r % 8 of node r // 8), whose host collectors read a modelled procfs of an 8-GPU node
-   (shared by its 8 ranks, as every sidecar on a node exports its node's host series), rank 0 with the
-   training series of the bundled demo run (plus the multi-turn and validation keys of bench/foundation.py)
+   (shared by its 8 ranks; the node-wide ones, cpu, disk, network and pressure, run on local rank 0 only), rank 0
+   with the training series of the bundled demo run (plus the multi-turn and validation keys of bench/foundation.py)
    and a checkpoint directory. Each collector samples twice (the ratios need a delta), and the body is
    rendered by the real /metrics app (Sampler/TextRenderer, client_python for self-metrics and process_*),
    in the OpenMetrics format that Prometheus asks for. Its series are counted: rank 0 and an ordinary rank

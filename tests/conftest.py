@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port  # noqa: F401 - tests import it from here too
 from prometheus_client.parser import text_string_to_metric_families
+from verl_exporter.core.shutdown import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -102,12 +103,7 @@ class Proc:
         return True
 
     def stop(self) -> None:
-        self.p.terminate()
-        try:
-            self.p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        stop_process(self.p)
         self.out.close()
 
 

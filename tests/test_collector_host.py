@@ -1,4 +1,4 @@
-"""The host collector: CPU time counters from /proc/stat, load, memory, the trainer's RSS, the real /proc."""
+"""The host and cpu collectors: CPU time counters from /proc/stat, load, memory, the trainer's RSS, the real /proc."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 from conftest import require_tool
 from verl_exporter.core.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import REGISTRY, Context
-from verl_exporter.sidecar.collectors.host import USER_HZ, HostCollector
+from verl_exporter.sidecar.collectors.cpu import USER_HZ, CpuCollector
+from verl_exporter.sidecar.collectors.host import HostCollector
 from verl_exporter.sidecar.collectors.sampler import Sampler
 from verl_exporter.spec import load_spec
 
@@ -52,7 +53,7 @@ def cpu_seconds(samples) -> dict[str, float]:
 
 
 def test_first_sample_has_cpu_counters_load_and_memory(ctx):
-    first = list(HostCollector(ctx).sample())
+    first = list(CpuCollector(ctx).sample()) + list(HostCollector(ctx).sample())
     # The aggregate cpu line of proc_t0, in USER_HZ ticks: user nice system idle iowait irq softirq steal; the
     # guest columns (already in user and nice) are left out. Counters from the first sample on: no baseline.
     ticks = dict(zip(MODES, (34392, 0, 5468, 147360, 750, 0, 396, 113), strict=True))
@@ -69,10 +70,10 @@ def test_first_sample_has_cpu_counters_load_and_memory(ctx):
 
 
 def test_cpu_counters_follow_proc_stat(ctx):
-    c = HostCollector(ctx)
+    c, h = CpuCollector(ctx), HostCollector(ctx)
     c.sample()
     ctx.procfs = str(T1)
-    second = list(c.sample())
+    second = list(c.sample()) + list(h.sample())
     ticks = dict(zip(MODES, (34992, 0, 5668, 148360, 900, 0, 436, 123), strict=True))
     assert cpu_seconds(second) == {mode: t / USER_HZ for mode, t in ticks.items()}
     assert get(second, "verl_host_load_average", period="1m") == 1.52
@@ -83,7 +84,7 @@ def test_iowait_going_backwards_is_held_so_that_rate_sees_no_reset(ctx, tmp_path
     shutil.copytree(T1, tmp_path / "t1")
     stat = tmp_path / "t1" / "stat"
     stat.write_text(stat.read_text().replace("cpu  34992 0 5668 148360 900 ", "cpu  34992 0 5668 148360 700 "))
-    c = HostCollector(ctx)
+    c = CpuCollector(ctx)
     c.sample()  # iowait 750
     ctx.procfs = str(tmp_path / "t1")
     second = cpu_seconds(c.sample())
@@ -97,7 +98,7 @@ def test_iowait_going_backwards_is_held_so_that_rate_sees_no_reset(ctx, tmp_path
 
 def test_no_mode_ever_goes_down(ctx):
     ctx.procfs = str(T1)
-    c = HostCollector(ctx)
+    c = CpuCollector(ctx)
     first = cpu_seconds(c.sample())
     ctx.procfs = str(T0)  # every column lower
     second = cpu_seconds(c.sample())
@@ -117,7 +118,7 @@ def test_one_unreadable_file_loses_only_its_own_metrics(ctx, tmp_path):
     assert get(second, "verl_host_memory_available_bytes") == 1000 * KIB
     assert "verl_host_memory_total_bytes" not in names(second)
     assert "verl_host_memory_used_bytes" not in names(second)
-    assert cpu_seconds(second)["idle"] == 147360 / USER_HZ
+    assert cpu_seconds(CpuCollector(ctx).sample())["idle"] == 147360 / USER_HZ  # stat still read
     assert errors(ctx) == 4  # loadavg missing and one bad meminfo line, in each of the two samples
 
 
@@ -204,10 +205,10 @@ def test_trainer_seen_from_this_process(ctx):
 def test_real_proc_values_are_sane():
     spec = load_spec()
     ctx = Context(spec=spec, self_metrics=SelfMetrics(spec))
-    c = HostCollector(ctx)
+    c, h = CpuCollector(ctx), HostCollector(ctx)
     first = cpu_seconds(c.sample())
     time.sleep(0.1)
-    raw = c.sample()
+    raw = c.sample() + h.sample()
     second, after = by_series(raw), cpu_seconds(raw)
     assert set(after) == set(MODES)
     assert all(after[m] >= first[m] >= 0 for m in MODES)
@@ -225,8 +226,8 @@ def test_real_proc_values_are_sane():
     assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="host") == 0
 
 
-# ---------------------------------------------------------------------- all five collectors in a Sampler
-HOST_COLLECTORS = ("host", "pressure", "disk", "filesystem", "network")
+# ---------------------------------------------------------------------- all six collectors in a Sampler
+HOST_COLLECTORS = ("cpu", "host", "pressure", "disk", "filesystem", "network")
 
 
 @pytest.mark.parametrize("tree", ["fixtures", "real"])

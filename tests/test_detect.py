@@ -137,7 +137,7 @@ def test_breaker_uses_the_same_detectors_and_needs_two_signals_for_a_collapse():
 def test_a_rank_that_logs_no_signal_exports_no_detector_series():
     # Every rank but the driver has no training data: 15 signals x 4,096 ranks must not cost 61 k series.
     s = TrainingStore(SPEC, SelfMetrics(SPEC))
-    assert not [m.name for m, rows in s.families() if m.name.startswith("verl_detector_") and rows]
+    assert not [m.name for m, rows in s.series() if m.name.startswith("verl_detector_") and rows]
     s.ingest(1, {"critic/score/mean": 0.5}, 1.0)
-    exported = {m.name: rows for m, rows in s.families() if m.name.startswith("verl_detector_") and rows}
+    exported = {m.name: rows for m, rows in s.series() if m.name.startswith("verl_detector_") and rows}
     assert exported == {"verl_detector_steps": {("score",): 1.0}}

@@ -239,3 +239,29 @@ def test_relay_url_can_be_pointed_elsewhere(tmp_path):
     am = yaml.safe_load((tmp_path / "alertmanager/alertmanager.yml").read_text())
     urls = {h["url"] for r in am["receivers"] for h in r["webhook_configs"]}
     assert urls and all(u.startswith("http://verl-exporter-relay.monitoring.svc:9095/alert/") for u in urls)
+
+
+NASTY = "it's \"quoted\", C:\\path: {{ not_jinja }}\n* second line #not a comment"
+
+
+def test_spec_text_reaches_the_yaml_exactly_whatever_it_holds():
+    # every value goes through a serialising filter: quotes, a backslash, ': ', '{{', a newline and a
+    # leading '*' (a YAML alias) come back as written
+    from dataclasses import replace
+
+    from verl_exporter.render.alertmanager import render_alertmanager
+    from verl_exporter.render.rules import ALERTS_FILE, render_rules
+
+    metric = next(m for m in SPEC.metrics if m.alerts)
+    alert = replace(metric.alerts[0], summary="*" + NASTY, description=NASTY,
+                    labels={**metric.alerts[0].labels, "team": NASTY})
+    changed = replace(metric, alerts=(alert, *metric.alerts[1:]))
+    spec = replace(SPEC, metrics=tuple(changed if m is metric else m for m in SPEC.metrics),
+                   by_name={**SPEC.by_name, metric.name: changed})
+    rules = yaml.safe_load(render_rules(spec)[ALERTS_FILE])
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert.alert]
+    assert rule["annotations"]["summary"] == "*" + NASTY and rule["annotations"]["description"] == NASTY
+    assert rule["labels"]["team"] == NASTY
+    am = yaml.safe_load(render_alertmanager(spec)["alertmanager/alertmanager.yml"])
+    matchers = [m for r in am["route"]["routes"] for m in r["matchers"]]
+    assert "team=" + json.dumps(NASTY) in matchers  # the matcher's value in Alertmanager's escapes

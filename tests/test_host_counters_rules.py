@@ -17,8 +17,8 @@ from conftest import REPO, require_tool
 from verl_exporter.core.selfmetrics import SelfMetrics
 from verl_exporter.render.rule_tests import expand
 from verl_exporter.sidecar.collectors import Context
+from verl_exporter.sidecar.collectors.cpu import CpuCollector
 from verl_exporter.sidecar.collectors.disk import DiskCollector
-from verl_exporter.sidecar.collectors.host import HostCollector
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -68,7 +68,7 @@ def test_the_recorded_ratios_are_the_ones_the_collectors_used_to_compute(tmp_pat
     scrapes = []
     for procfs in (T0, T1):
         ctx = context(procfs)
-        scrapes.append(list(HostCollector(ctx).sample()) + list(DiskCollector(ctx).sample()))
+        scrapes.append(list(CpuCollector(ctx).sample()) + list(DiskCollector(ctx).sample()))
     before = {(name, tuple(sorted(labels.items()))): value for name, labels, value in scrapes[0]}
     steady = []
     for k in range(11):

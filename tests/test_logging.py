@@ -12,7 +12,7 @@ from verl_exporter.core.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.control import ControlReader
 from verl_exporter.spec import load_spec
 
-PACKAGE = Path(selfmetrics.__file__).resolve().parent
+PACKAGE = Path(selfmetrics.__file__).resolve().parent.parent  # the whole package (core/ is one folder of it)
 
 
 def test_every_module_logs_under_its_own_name():

@@ -12,13 +12,12 @@ import signal
 from pathlib import Path
 
 import pytest
+import verl_exporter
 from prometheus_client import CollectorRegistry, Gauge
 from verl_exporter.core.server import metrics_app
 from verl_exporter.core.shutdown import SIGNALS, stop_event
 from verl_exporter.sidecar import node
 from verl_exporter.sidecar.control import ControlState, make_control_app
-
-PACKAGE = Path(node.__file__).resolve().parent
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
                      "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
@@ -148,7 +147,9 @@ def test_one_shutdown_helper_stops_serve_relay_demo_and_node(sig):
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    sources = {name: (PACKAGE / name).read_text(encoding="utf-8")
-               for name in ("cli.py", "tools/demo.py", "sidecar/node.py", "relay/cli.py")}
-    assert {name: "stop_event(" in text and "signal.signal(" not in text for name, text in sources.items()} == {
-        name: True for name in sources}
+    package = Path(verl_exporter.__file__).resolve().parent
+    sources = {str(p.relative_to(package)): p.read_text(encoding="utf-8") for p in package.rglob("*.py")}
+    # the commands that run until stopped wait on the helper; nothing else installs a signal handler
+    assert all(("stop_event(" in sources[name] or "stopping(" in sources[name])
+               for name in ("cli.py", "tools/demo.py", "tools/demo_stack.py", "sidecar/node.py", "relay/cli.py"))
+    assert [name for name, text in sources.items() if "signal.signal(" in text] == ["core/shutdown.py"]

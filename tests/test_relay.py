@@ -163,19 +163,20 @@ def test_config_reports_every_problem_at_once_naming_target_and_route(tmp_path):
     }
     with pytest.raises(RelayConfigError) as e:
         parse_config(doc, base_dir=tmp_path, environ=ENV)
-    expected = [
-        "listen must be HOST:PORT", "max_body_bytes must be an integer >= 1024", "unknown top-level key(s) ['colour']",
-        "timezone 'Mars/Olympus' is not a known IANA zone",
-        "target 'dt': environment variable NOT_SET_ANYWHERE (token_env) is not set",
-        "target 'dt': rate_per_minute 40 is over the robots' limit of 20",
-        "target 'dt': mention_userids is for WeCom",
-        "target 'dt': url must not carry access_token",
-        "target 'wc': cannot read token_file", "target 'wc': format must be one of",
-        "target 'wc': mention_all_severities entry 'urgent'", "target 'wc': WeCom robots are not signed",
-        "target 'wc': cannot read template", "target 'odd': type must be one of ['dingtalk', 'wecom', 'console']",
-        "routes[0]: unknown target 'ghost'", "routes[1]: matchers.severity: regex does not compile",
-        "routes[1]: matchers: bad label name 'bad-label'", "routes[1]: continue must be true or false",
-        "routes[2]: targets is missing",
+    expected = [  # each with its key path; the robot-only / console-only keys of a target type are unknown keys
+        "listen: must be HOST:PORT", "max_body_bytes: Input should be greater than or equal to 1024",
+        "colour: unknown key", "timezone: 'Mars/Olympus' is not a known IANA zone",
+        "targets.dt.token_env: environment variable NOT_SET_ANYWHERE is not set",
+        "targets.dt.rate_per_minute: 40 is over the robots' limit of 20",
+        "targets.dt.mention_userids: unknown key",
+        "targets.dt.url: must not carry access_token",
+        "targets.wc.token_file: cannot read", "targets.wc.format: Input should be 'markdown' or 'text'",
+        "targets.wc.mention_all_severities.0: Input should be 'critical'", "targets.wc.secret_env: unknown key",
+        "targets.wc.template: cannot read", "targets.odd: type must be one of ['dingtalk', 'wecom', 'console']",
+        "routes.0: unknown target(s) ['ghost']", "routes.1.matchers.severity: regex does not compile",
+        "routes.1.matchers.bad-label: the name 'bad-label': not a label name",
+        "routes.1.continue: must be true or false",
+        "routes.2.targets: missing",
     ]
     for want in expected:
         assert any(want in p for p in e.value.problems), (want, e.value.problems)
@@ -195,6 +196,63 @@ def test_secrets_load_from_env_or_file_and_never_print(tmp_path):
         import pickle
 
         pickle.dumps(Secret("x"))
+
+
+def test_an_unknown_key_deep_in_the_file_is_named_with_its_line(tmp_path):
+    (tmp_path / "relay.yaml").write_text(
+        "targets:\n"
+        "  dt:\n"
+        "    type: dingtalk\n"
+        "    token_env: DT_TOKEN\n"
+        "routes:\n"
+        "  - targets: [dt]\n"
+        "    matchers: {severity: critical}\n"
+        "    continu: true\n")
+    with pytest.raises(RelayConfigError) as e:
+        load_config(tmp_path / "relay.yaml", environ=ENV)
+    assert e.value.problems == [f"{tmp_path / 'relay.yaml'}:8: routes.0.continu: unknown key"]
+
+
+def test_every_problem_of_a_file_is_listed_in_file_order_with_its_line(tmp_path):
+    (tmp_path / "relay.yaml").write_text(
+        "delivery:\n"
+        "  max_attempts: 0\n"
+        "targets:\n"
+        "  dt: {type: dingtalk, token_env: DT_TOKEN, rate_per_minute: 30}\n"
+        "routes:\n"
+        "  - targets: [dt, ghost]\n")
+    with pytest.raises(RelayConfigError) as e:
+        load_config(tmp_path / "relay.yaml", environ=ENV)
+    path = tmp_path / "relay.yaml"
+    assert [p.split(": ", 2)[:2] for p in e.value.problems] == [
+        [f"{path}:2", "delivery.max_attempts"], [f"{path}:4", "targets.dt.rate_per_minute"], [f"{path}:6", "routes.0"]]
+    assert str(path) in str(e.value) and "3 problem(s)" in str(e.value)
+
+
+def test_a_secret_never_shows_in_the_loaded_config_nor_in_a_problem(tmp_path):
+    doc = {"bearer_token_env": "RELAY_TOKEN",
+           "targets": {"dt": {"type": "dingtalk", "token_env": "DT_TOKEN", "secret_env": "DT_SECRET"},
+                       "wc": {"type": "wecom", "token_env": "WECOM_KEY"}},
+           "routes": [{"targets": ["dt", "wc"]}]}
+    config = parse_config(doc, environ=ENV)
+    for text in (repr(config), str(config), repr(config.targets["dt"]), repr(config.bearer_token)):
+        assert not any(secret in text for secret in SECRETS), text
+    assert config.targets["dt"].secret.reveal() == SECRET  # still there for the sender
+    # a secret pasted where its variable's name or its file goes, or into the URL: refused without echoing it
+    (tmp_path / "empty").write_text("\n")
+    bad = {"bearer_token_env": WEBHOOK,
+           "targets": {"dt": {"type": "dingtalk", "token_env": TOKEN, "secret_file": str(tmp_path / "empty"),
+                              "url": f"https://oapi.dingtalk.com/robot/send?access_token={TOKEN}&sign={SECRET}"},
+                       "wc": {"type": "wecom", "token_file": str(tmp_path / WKEY)}},
+           "routes": [{"targets": ["dt", "wc"]}]}
+    with pytest.raises(RelayConfigError) as e:
+        parse_config(bad, environ=ENV)
+    text = "\n".join([str(e.value), repr(e.value), *e.value.problems])
+    assert "bearer_token_env: must be the name of an environment variable" in text
+    assert "targets.dt.token_env: must be the name of an environment variable" in text
+    assert "targets.dt.url: must not carry access_token" in text and "is empty" in text
+    for secret in (TOKEN, SECRET, WEBHOOK):
+        assert secret not in text, secret
 
 
 def test_example_config_loads_and_takes_every_alertmanager_receiver(tmp_path):
@@ -365,7 +423,7 @@ def test_bad_input_gets_the_right_4xx_and_the_relay_keeps_serving(robots, start_
     missing = webhook("verl-warning", [{"labels": {"alertname": "X"}}])
     cases = [
         ("malformed JSON", "verl-warning", b'{"version": "4", ', WEBHOOK, 400, "not JSON"),
-        ("missing fields", "verl-warning", missing, WEBHOOK, 400, "alerts[0].status is missing"),
+        ("missing fields", "verl-warning", missing, WEBHOOK, 400, "alerts.0.status: Field required"),
         ("oversize body", "verl-warning", b" " * 5000, WEBHOOK, 413, "over max_body_bytes"),
         ("no token", "verl-warning", good, None, 401, "bearer token"),
         ("wrong token", "verl-warning", good, "guess", 401, "bearer token"),
@@ -385,7 +443,7 @@ def test_bad_input_gets_the_right_4xx_and_the_relay_keeps_serving(robots, start_
     assert sample(m, "verl_relay_requests_total", receiver="verl-warning", code="401") == 2
     assert sample(m, "verl_relay_requests_total", receiver="unknown", code="404") == 2
     assert sample(m, "verl_relay_requests_total", receiver="verl-warning", code="200") == 1
-    assert "alerts[0].status is missing" in caplog.text  # 4xx are logged with the reason
+    assert "alerts.0.status: Field required" in caplog.text  # 4xx are logged with the reason
 
 
 def test_deeply_nested_json_gets_400_counted_with_its_reason(robots, start_relay):
@@ -562,7 +620,7 @@ def test_spool_files_are_private_and_a_full_disk_leaves_no_temporary_file(robots
 def test_a_spool_dir_that_is_a_file_fails_the_config_check(robots, tmp_path):
     dt, wc = robots
     (tmp_path / "spool").write_text("")
-    with pytest.raises(RelayConfigError, match="spool_dir .* is not a directory"):
+    with pytest.raises(RelayConfigError, match="spool_dir: .* is not a directory"):
         parse_config(relay_doc(dt, wc, spool_dir=str(tmp_path / "spool")), environ=ENV)
     assert "is not a directory" in check_spool_dir(tmp_path / "spool" / "below")  # what --check-config adds
     assert check_spool_dir(tmp_path / "new" / "spool") is None
@@ -664,7 +722,7 @@ def test_cli_checks_config_and_sigterm_spools_without_leaking_secrets(robots, tm
     assert check.returncode == 0 and "config ok" in check.stdout and "token from env DT_TOKEN" in check.stdout
     bad = subprocess.run(cmd, env={k: v for k, v in env.items() if k != "DT_TOKEN"}, capture_output=True,
                          text=True, timeout=30)
-    assert bad.returncode == 2 and "environment variable DT_TOKEN (token_env) is not set" in bad.stderr
+    assert bad.returncode == 2 and "targets.dingtalk.token_env: environment variable DT_TOKEN is not set" in bad.stderr
 
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -236,14 +236,18 @@ def test_payload_parses_alertmanagers_form():
 @pytest.mark.parametrize("body,expected", [
     (b"{not json", ["not JSON"]),
     (b"[]", ["must be a JSON object"]),
-    (json.dumps(am_payload(version="3")).encode(), ["version must be \"4\""]),
-    (json.dumps({"version": "4"}).encode(), ["status is missing", "receiver is missing", "alerts is missing"]),
-    (json.dumps(am_payload(alerts=[])).encode(), ["alerts must be a non-empty list"]),
+    (json.dumps(am_payload(version="3")).encode(), ["version: must be \"4\""]),
+    (json.dumps({"version": "4"}).encode(), ["status: Field required", "receiver: Field required",
+                                             "alerts: Field required"]),
+    (json.dumps(am_payload(alerts=[])).encode(), ["alerts: List should have at least 1 item"]),
     (json.dumps(am_payload(alerts=[{"status": "burning", "labels": {"severity": 3}, "startsAt": "yesterday"}]))
-     .encode(), ["alerts[0].status must be one of", "alerts[0].labels: value(s) of ['severity'] must be strings",
-                 "alerts[0].labels has no alertname", "alerts[0].startsAt: not an RFC 3339 time"]),
+     .encode(), ["alerts.0.status: Input should be 'firing' or 'resolved'",
+                 "alerts.0.labels.severity: Input should be a valid string",
+                 "alerts.0.startsAt: not an RFC 3339 time"]),
+    (json.dumps(am_payload(alerts=[{"status": "firing", "labels": {"severity": "info"}, "startsAt": 5}])).encode(),
+     ["alerts.0.labels: has no alertname", "alerts.0.startsAt: Input should be a valid datetime"]),
     (json.dumps(am_payload(alerts=[{"status": "firing", "labels": {"alertname": "A"}}, 7])).encode(),
-     ["alerts[0].startsAt is missing", "alerts[1] must be an object"]),
+     ["alerts.0.startsAt: Field required", "alerts.1: must be an object, got int"]),
 ])
 def test_payload_problems_are_all_named(body, expected):
     with pytest.raises(PayloadError) as e:

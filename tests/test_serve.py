@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import http_get, parse_metrics, require_tool, sample, wait_for
+from conftest import REPO, http_get, parse_metrics, require_tool, sample, wait_for
 from verl_exporter.sidecar.config import ConfigError, build_config, read_config_file
 
 
@@ -91,7 +91,7 @@ def test_bad_flags_exit_with_a_clear_message(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("listen: 127.0.0.1:0\npoll_intervall: 1\n")
     p = run("--config", str(cfg))
-    assert p.returncode == 2 and "unknown setting(s) ['poll_intervall']" in p.stderr
+    assert p.returncode == 2 and f"{cfg}:2: poll_intervall: unknown key" in p.stderr
 
 
 def test_config_file_values_and_flag_precedence(tmp_path, monkeypatch):
@@ -107,8 +107,8 @@ def test_config_file_values_and_flag_precedence(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("values,fragment", [
-    ({"rank": -1}, "rank must be a non-negative integer"),
-    ({"poll_interval": 0}, "poll_interval must be"),
+    ({"rank": -1}, "rank: Input should be greater than or equal to 0"),
+    ({"poll_interval": 0}, "poll_interval: Input should be greater than or equal to 0.01"),
     ({"labels": ["novalue"]}, "--label takes KEY=VALUE"),
     ({"labels": {"rank": "1"}}, "is set by --rank"),
     ({"listen": "host"}, "--listen must be HOST:PORT"),
@@ -125,6 +125,32 @@ def test_config_file_errors(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         read_config_file(str(bad))
+
+
+def test_every_problem_of_a_config_file_is_reported_with_its_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("run: exp\nlabels:\n  team: rl\n  bad-name: x\ninterval: 0\npoll_intervall: 1\n")
+    with pytest.raises(ConfigError) as e:
+        read_config_file(str(cfg))
+    assert e.value.problems == [f"{cfg}:4: labels.bad-name: the name 'bad-name': not a Prometheus label name",
+                                f"{cfg}:5: interval: Input should be greater than or equal to 0.1",
+                                f"{cfg}:6: poll_intervall: unknown key"]
+
+
+def test_the_control_endpoint_may_take_its_file_from_the_flags(tmp_path):
+    # the file alone lacks where the control file goes; the merged config has it
+    values = {"control_token_env": "TOKEN"}
+    assert build_config(values, {"control_file": str(tmp_path / "c.json")}).control_token_env == "TOKEN"
+    with pytest.raises(ConfigError, match="the control endpoint needs"):
+        build_config(values, {})
+
+
+def test_the_example_config_is_one_serve_accepts(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    c = build_config(read_config_file(str(REPO / "docker" / "verl-exporter-serve.example.yaml")), {})
+    assert c.run and c.labels and c.collectors and c.watch_paths and c.control_token_env
+    assert c.listen == "0.0.0.0:9477" and c.control_file_mode == "0644"
 
 
 def test_metrics_parse_after_every_kind_of_bad_line(tmp_path, serve):

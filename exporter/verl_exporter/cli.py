@@ -174,7 +174,9 @@ def cmd_serve(args) -> int:
         flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
     done = stop_event()
     try:
-        config = build_config(read_config_file(args.config), flags, origin=args.config or "flags")
+        # the file alone is checked (with its lines) by read_config_file: what fails here came with the flags
+        config = build_config(read_config_file(args.config), flags,
+                              origin=f"{args.config} + flags" if args.config else "flags")
         sidecar = Sidecar(config)
         sidecar.start()
     except (ConfigError, SpecError, ValueError) as e:

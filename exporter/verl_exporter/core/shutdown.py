@@ -7,8 +7,11 @@ arrives early still stops cleanly instead of killing the process half-started.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import subprocess
 import threading
+from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -20,3 +23,27 @@ def stop_event(event: threading.Event | None = None) -> threading.Event:
     for sig in SIGNALS:
         signal.signal(sig, lambda *_: event.set())
     return event
+
+
+@contextlib.contextmanager
+def stopping(event: threading.Event | None = None) -> Iterator[threading.Event]:
+    """stop_event for the length of a block, the previous handlers restored after it (for a command that runs
+    in a process it does not own, e.g. the demo run by a test)."""
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    try:
+        yield stop_event(event)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop a child the way the commands above stop: SIGTERM, then kill -9 if it has not exited in timeout."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

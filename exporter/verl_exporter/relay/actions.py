@@ -8,11 +8,11 @@ or stop the run (see ``verl_exporter/sidecar/control.py``).
         token_env: VERL_CONTROL_TOKEN      # or token_file
         cooldown_seconds: 1800             # act at most once per alert (fingerprint) in this time
 
-Off unless configured. Only firing alerts trigger; each call is logged and counted in
-verl_relay_actions_total{action,result}; the token is a Secret and never logged. Calls run on their own
-thread with a few retries, so a slow or absent trainer never holds up alert delivery. Redirects are never
-followed (the token would go to another address), and only an answer that says whether the request was
-applied counts as done.
+Off unless configured (config.ActionEntry is the model of an entry). Only firing alerts trigger; each call
+is logged and counted in verl_relay_actions_total{action,result}; the token is a Secret and never logged.
+Calls run on their own thread with a few retries, so a slow or absent trainer never holds up alert
+delivery. Redirects are never followed (the token would go to another address), and only an answer that
+says whether the request was applied counts as done.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from .nofollow import OPENER
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("checkpoint", "stop")
-ACTION_KEYS = {"matchers", "action", "url", "token_env", "token_file", "cooldown_seconds"}
 # Cooldown entries kept at most (oldest dropped first): a flood of distinct alerts cannot grow memory.
 MAX_COOLDOWN_KEYS = 10_000
 
@@ -40,7 +38,7 @@ MAX_COOLDOWN_KEYS = 10_000
 @dataclass(frozen=True)
 class Action:
     matchers: tuple  # of config.Matcher
-    action: str
+    action: str  # checkpoint or stop
     url: str
     token: object  # config.Secret
     cooldown_seconds: float = 1800.0
@@ -50,34 +48,6 @@ class Action:
 
     def secrets(self) -> list[str]:
         return [self.token.reveal()] if self.token is not None and self.token.reveal() else []
-
-
-def parse_actions(loader, raw) -> tuple[Action, ...]:
-    """Check the `actions:` list (problems go to the loader's list, naming the action)."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        loader.problems.append("actions must be a list of {matchers, action, url, token_env | token_file}")
-        return ()
-    out = []
-    for i, item in enumerate(raw):
-        where = f"actions[{i}]"
-        if not loader.mapping(where, item, ACTION_KEYS):
-            continue
-        action = item.get("action")
-        if action not in ACTIONS:
-            loader.problems.append(f"{where}: action must be one of {list(ACTIONS)}")
-        url = str(item.get("url", ""))
-        if not url.startswith(("http://", "https://")):
-            loader.problems.append(f"{where}: url must be the sidecar's http(s)://HOST:PORT")
-        matchers = loader.matchers(where, item.get("matchers"))
-        if not matchers:
-            loader.problems.append(f"{where}: matchers must select the alerts (e.g. {{alertname: VerlX}})")
-        token = loader.secret(where, item, "token", required=True)
-        cooldown = loader.number(where, item, "cooldown_seconds", 1800.0, minimum=0.0)
-        if action in ACTIONS and url and matchers and token is not None:
-            out.append(Action(tuple(matchers), action, url.rstrip("/"), token, float(cooldown)))
-    return tuple(out)
 
 
 class ActionRunner:

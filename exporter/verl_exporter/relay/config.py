@@ -1,9 +1,11 @@
-"""The relay's configuration: a strict YAML loader that reports every problem at once.
+"""The relay's configuration: typed models (core.models) of the YAML file, and the objects the relay runs on.
 
-Each message names the target or route it is about. Secrets (robot tokens, DingTalk signing secrets, the
-webhook bearer token) are read from the environment or from files at load time and held in ``Secret``,
-which prints as ``<secret>``: a config object can be logged, repr'd or put in an exception safely. A missing
-variable is an error that names the variable, never a value.
+The models say what the file may hold (``verl-exporter schema relay`` writes their JSON Schema); every problem of
+a file is reported at once as ``FILE:LINE: key.path: message``, unknown keys included. Secrets (robot tokens,
+DingTalk signing secrets, the webhook bearer token, action tokens) are given as ``*_env`` (a variable's name)
+or ``*_file`` (a path) and read while the file is validated into ``Secret``, which prints as ``<secret>``: a
+config object can be logged, repr'd or put in an exception safely, and a message names the variable or file,
+never a value. The validated file becomes a ``RelayConfig`` of plain dataclasses that the relay runs on.
 """
 
 from __future__ import annotations
@@ -13,45 +15,34 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import timezone, tzinfo
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
+from pydantic import (
+    AfterValidator,
+    Field,
+    PlainValidator,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
+from ..core.models import FileError, StrictModel, json_schema, problems, read_yaml
 from ..core.server import parse_listen
-from .actions import parse_actions
+from .actions import Action
 
 ROBOT_TYPES = ("dingtalk", "wecom")
 # A console target sends nothing: it writes each message as its `style` robot would show it (previews, the demo).
 TARGET_TYPES = (*ROBOT_TYPES, "console")
-CONSOLE_SHOW = ("rendered", "body")  # the message as the robot shows it, or the exact JSON body it would get
-CONSOLE_COLOR = ("auto", "always", "never")
-FORMATS = ("markdown", "text")
-SEVERITIES = ("critical", "warning", "info")
 DEFAULT_URLS = {
     "dingtalk": "https://oapi.dingtalk.com/robot/send",
     "wecom": "https://qyapi.weixin.qq.com/cgi-bin/webhook/send",
 }
 # The query parameter that carries each robot's token; it must come from a secret, never from `url`.
 TOKEN_PARAM = {"dingtalk": "access_token", "wecom": "key"}
-
-TOP_KEYS = {"listen", "bearer_token_env", "bearer_token_file", "max_body_bytes", "spool_dir", "timezone",
-            "delivery", "targets", "routes", "actions"}
-DELIVERY_KEYS = {"max_attempts", "initial_backoff_seconds", "max_backoff_seconds", "max_retry_seconds",
-                 "request_timeout_seconds", "drain_seconds", "queue_max_alerts", "rate_window_seconds"}
-TARGET_KEYS = {"type", "url", "token_env", "token_file", "secret_env", "secret_file", "mention_mobiles",
-               "mention_userids", "mention_severities", "mention_all_severities", "format", "rate_per_minute",
-               "template", "text_template", "style", "file", "show", "color"}
-ROBOT_ONLY_KEYS = {"url", "token_env", "token_file", "secret_env", "secret_file"}
-CONSOLE_ONLY_KEYS = {"style", "file", "show", "color"}
-ROUTE_KEYS = {"receivers", "matchers", "targets", "continue"}
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-MOBILE_RE = re.compile(r"^\+?[0-9][0-9-]{4,19}$")
-USERID_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 MiB = 1024 * 1024
 
 
@@ -60,12 +51,8 @@ def zone(name: str) -> tzinfo:
     return timezone.utc if name in ("UTC", "Etc/UTC") else ZoneInfo(name)
 
 
-class RelayConfigError(ValueError):
-    """A config that cannot be used; ``problems`` lists every problem found, one sentence each."""
-
-    def __init__(self, problems: list[str], origin: str = "relay config"):
-        self.problems = problems
-        super().__init__(f"{origin}: {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+class RelayConfigError(FileError):
+    """A config that cannot be used; ``problems`` lists every problem, each with its place."""
 
 
 class Secret:
@@ -89,32 +76,7 @@ class Secret:
         raise TypeError("a Secret cannot be pickled")
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """Retry, drain and rate settings shared by every target."""
-
-    max_attempts: int = 6
-    initial_backoff_seconds: float = 1.0
-    max_backoff_seconds: float = 60.0
-    # A message is given up (counted and logged) after this long; the robot's own lock-out lasts 10 minutes.
-    max_retry_seconds: float = 300.0
-    request_timeout_seconds: float = 10.0
-    # Kubernetes' default grace period is 30 s: drain for 10 s, then spool what is left.
-    drain_seconds: float = 10.0
-    queue_max_alerts: int = 10000
-    # The robots count messages per minute; tests shrink the window so a burst takes seconds.
-    rate_window_seconds: float = 60.0
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1-based): doubling, capped."""
-        return min(self.initial_backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
-
-    def should_retry(self, result, attempt: int, elapsed: float) -> bool:
-        """Retry a retryable failure while attempts and the total time per message allow it."""
-        return (result.retryable and attempt < self.max_attempts
-                and elapsed + self.backoff(attempt) <= self.max_retry_seconds)
-
-
+# ---------------------------------------------------------------------------------------------- the running form
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -161,17 +123,31 @@ class Matcher:
         return bool(self.regex.fullmatch(got)) if self.regex else got == self.value
 
 
-@dataclass(frozen=True)
-class Route:
-    receivers: tuple[str, ...] = ()  # empty: any receiver
-    matchers: tuple[Matcher, ...] = ()
-    targets: tuple[str, ...] = ()
-    continue_: bool = False
+class Delivery(StrictModel):
+    """Retry, drain and rate settings shared by every target."""
 
-    def matches(self, receiver: str, labels: dict[str, str]) -> bool:
-        if self.receivers and receiver not in self.receivers:
-            return False
-        return all(m.matches(labels) for m in self.matchers)
+    max_attempts: int = Field(6, ge=1, description="attempts per message; then it is counted as failed and logged")
+    initial_backoff_seconds: float = Field(1.0, gt=0, description="wait after the first retryable failure, "
+                                                                  "doubled after each")
+    max_backoff_seconds: float = Field(60.0, gt=0, description="the longest wait between attempts")
+    max_retry_seconds: float = Field(300.0, ge=0, description="a message is given up after this long (the "
+                                                              "robot's own lock-out lasts 10 minutes)")
+    request_timeout_seconds: float = Field(10.0, gt=0, description="per request to a robot")
+    drain_seconds: float = Field(10.0, ge=0, description="delivery time at shutdown before the rest is spooled; "
+                                                         "keep below the pod's grace period (30 s by default)")
+    queue_max_alerts: int = Field(10000, ge=1, description="per target; when full, webhooks get 503 and "
+                                                           "Alertmanager retries")
+    rate_window_seconds: float = Field(60.0, gt=0, description="the robots count messages per minute; tests "
+                                                               "shrink it so a burst takes seconds")
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based): doubling, capped."""
+        return min(self.initial_backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
+
+    def should_retry(self, result, attempt: int, elapsed: float) -> bool:
+        """Retry a retryable failure while attempts and the total time per message allow it."""
+        return (result.retryable and attempt < self.max_attempts
+                and elapsed + self.backoff(attempt) <= self.max_retry_seconds)
 
 
 @dataclass(frozen=True)
@@ -184,7 +160,7 @@ class RelayConfig:
     spool_dir: Path | None = None
     timezone: str = "UTC"
     delivery: Delivery = field(default_factory=Delivery)
-    actions: tuple = ()  # of actions.Action: checkpoint/stop requests for chosen alerts
+    actions: tuple[Action, ...] = ()  # checkpoint/stop requests for chosen alerts
 
     def knows_receiver(self, receiver: str) -> bool:
         """A receiver is known when some route names it or some route takes any receiver."""
@@ -208,330 +184,345 @@ class RelayConfig:
         return values
 
 
-class _Loader:
-    """Holds the problem list while one document is checked."""
+# ---------------------------------------------------------------------------------------------- the file
+# Validation context (parse_config): base_dir for relative paths, environ for *_env, secrets_needed (False for
+# --preview: a secret that cannot be read is then an empty placeholder), targets (the names the file defines).
+def _context(info: ValidationInfo) -> dict:
+    return info.context or {"base_dir": Path("."), "environ": os.environ, "secrets_needed": True}
 
-    def __init__(self, base_dir: Path, environ: dict[str, str], secrets_needed: bool = True):
-        self.problems: list[str] = []
-        self.base_dir = base_dir
-        self.environ = environ
-        # False for --preview, which sends nothing: a secret that is not set is then an empty placeholder
-        self.secrets_needed = secrets_needed
 
-    def secret(self, where: str, raw: dict, stem: str, required: bool) -> Secret | None:
-        env_key, file_key = f"{stem}_env", f"{stem}_file"
-        if env_key in raw and file_key in raw:
-            self.problems.append(f"{where}: give {env_key} or {file_key}, not both")
-            return None
-        if env_key in raw:
-            var = raw[env_key]
-            if not isinstance(var, str) or not ENV_RE.match(var):
-                self.problems.append(f"{where}: {env_key} must be the name of an environment variable")
-                return None
-            value = self.environ.get(var, "")
-            if not value.strip() and not self.secrets_needed:
-                return Secret("", f"env {var} (not set)")
-            if not value.strip():
-                self.problems.append(f"{where}: environment variable {var} ({env_key}) is not set or empty")
-                return None
-            return Secret(value.strip(), f"env {var}")
-        if file_key in raw:
-            path = self.path(where, file_key, raw[file_key])
-            if path is None:
-                return None
-            try:
-                value = path.read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as e:
-                if not self.secrets_needed:
-                    return Secret("", f"file {path} (not read)")
-                reason = getattr(e, "strerror", None) or "not UTF-8 text"
-                self.problems.append(f"{where}: cannot read {file_key} {str(path)!r}: {reason}")
-                return None
-            if not value:
-                self.problems.append(f"{where}: {file_key} {str(path)!r} is empty")
-                return None
-            return Secret(value, f"file {path}")
-        if required:
-            self.problems.append(f"{where}: give {env_key} (an environment variable) or {file_key}")
-        return None
+def _path(value: str, info: ValidationInfo) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else _context(info)["base_dir"] / path
 
-    def path(self, where: str, key: str, value: Any) -> Path | None:
-        if not isinstance(value, str) or not value:
-            self.problems.append(f"{where}: {key} must be a path")
-            return None
-        path = Path(value).expanduser()
-        return path if path.is_absolute() else self.base_dir / path
 
-    def number(self, where: str, raw: dict, key: str, default, kind=float, minimum=0.0, above=False):
-        value = raw.get(key, default)
-        ok = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
-        if ok and (value <= minimum if above else value < minimum):
-            ok = False
-        if not ok:
-            bound = f"> {minimum}" if above else f">= {minimum}"
-            self.problems.append(f"{where}{key} must be a{'n integer' if kind is int else ' number'} {bound}, "
-                                 f"got {value!r}")
-            return default
-        return kind(value)
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {str(path)!r}: {getattr(e, 'strerror', None) or 'not UTF-8 text'}") from None
 
-    def str_list(self, where: str, raw: dict, key: str, pattern: re.Pattern | None = None,
-                 allowed: tuple[str, ...] | None = None, default: tuple[str, ...] = ()) -> tuple[str, ...]:
-        value = raw.get(key, list(default))
-        if value is None:
-            value = []
-        if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
-            self.problems.append(f"{where}: {key} must be a list of strings")
-            return default
-        out = tuple(str(v) for v in value)
-        for v in out:
-            if pattern is not None and not pattern.match(v):
-                self.problems.append(f"{where}: {key} has a malformed entry {v[:40]!r}")
-            if allowed is not None and v not in allowed:
-                self.problems.append(f"{where}: {key} entry {v!r} is not one of {list(allowed)}")
-        return out
 
-    def template(self, where: str, raw: dict, key: str) -> str | None:
-        if key not in raw:
-            return None
-        path = self.path(where, key, raw[key])
-        if path is None:
-            return None
+def _env_secret(var: str, info: ValidationInfo) -> Secret:
+    ctx = _context(info)
+    value = ctx["environ"].get(var, "").strip()
+    if value:
+        return Secret(value, f"env {var}")
+    if ctx["secrets_needed"]:
+        raise ValueError(f"environment variable {var} is not set or empty")
+    return Secret("", f"env {var} (not set)")
+
+
+def _file_secret(name: str, info: ValidationInfo) -> Secret:
+    path = _path(name, info)
+    try:
+        value = _read(path).strip()
+    except ValueError:
+        if _context(info)["secrets_needed"]:
+            raise
+        return Secret("", f"file {path} (not read)")
+    if not value:
+        raise ValueError(f"{str(path)!r} is empty")
+    return Secret(value, f"file {path}")
+
+
+def _template(name: str, info: ValidationInfo) -> str:
+    from .format import TemplateError, check_template  # format imports this module
+
+    path = _path(name, info)
+    text = _read(path)
+    try:
+        check_template(text)
+    except TemplateError as e:
+        raise ValueError(f"{str(path)!r}: {e}") from None
+    return text
+
+
+def _console_file(name: str, info: ValidationInfo) -> Path:
+    path = _path(name, info)
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory")
+    return path
+
+
+def _spool_dir(name: str, info: ValidationInfo) -> Path:
+    path = _path(name, info)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{str(path)!r} is not a directory (alerts left at shutdown would be lost)")
+    return path
+
+
+def _match_value(value: Any) -> str | re.Pattern:
+    """A label value to match exactly, or {regex: ...} to full-match."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, dict) and set(value) == {"regex"} and isinstance(value["regex"], str):
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            reason = getattr(e, "strerror", None) or "not UTF-8 text"
-            self.problems.append(f"{where}: cannot read {key} {str(path)!r}: {reason}")
-            return None
-        from .format import TemplateError, check_template
+            return re.compile(value["regex"])
+        except re.error as e:
+            raise ValueError(f"regex does not compile: {e}") from None
+    raise ValueError('must be a value or {regex: "..."}')
 
-        try:
-            check_template(text)
-        except TemplateError as e:
-            self.problems.append(f"{where}: {key} {str(path)!r}: {e}")
-            return None
-        return text
 
-    def target(self, name: Any, raw: Any) -> Target | None:
-        where = f"target {name!r}"
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            self.problems.append(f"{where}: a target name must be letters, digits, '.', '_' or '-'")
-            return None
-        if not self.mapping(where, raw, TARGET_KEYS):
-            return None
-        kind = raw.get("type")
-        if kind not in TARGET_TYPES:
-            self.problems.append(f"{where}: type must be one of {list(TARGET_TYPES)}, got {kind!r}")
-            return None
-        if kind == "console":
-            robot, url, token, secret, console = self.console(where, raw)
-        else:
-            robot, console = kind, {}
-            extra = sorted(CONSOLE_ONLY_KEYS & set(raw))
-            if extra:
-                self.problems.append(f"{where}: {extra} are for console targets only")
-            url, token, secret = self.robot_endpoint(where, raw, kind)
-        fmt = raw.get("format", "markdown")
-        if fmt not in FORMATS:
-            self.problems.append(f"{where}: format must be one of {list(FORMATS)}, got {fmt!r}")
-            fmt = "markdown"
-        mobiles = self.str_list(where, raw, "mention_mobiles", MOBILE_RE)
-        userids = self.str_list(where, raw, "mention_userids", USERID_RE)
-        if userids and robot == "dingtalk":
-            self.problems.append(f"{where}: mention_userids is for WeCom; DingTalk robots mention by mobile")
-        mention_sev = self.str_list(where, raw, "mention_severities", allowed=SEVERITIES, default=("critical",))
-        all_sev = self.str_list(where, raw, "mention_all_severities", allowed=SEVERITIES)
-        rate = self.number(f"{where}: ", raw, "rate_per_minute", 20, kind=int, minimum=1)
-        if rate > 20:
-            self.problems.append(f"{where}: rate_per_minute {rate} is over the robots' limit of 20 per minute "
-                                 "(over it DingTalk locks the robot for 10 minutes)")
-        template = self.template(where, raw, "template")
-        text_template = self.template(where, raw, "text_template")
-        if token is None:
-            return None
-        return Target(name=name, type=kind, url=url, token=token, secret=secret, mention_mobiles=mobiles,
-                      mention_userids=userids, mention_severities=mention_sev, mention_all_severities=all_sev,
-                      format=fmt, rate_per_minute=rate, template=template, text_template=text_template,
-                      **console)
+PathText = Annotated[str, StringConstraints(min_length=1)]
+EnvSecret = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"), AfterValidator(_env_secret)]
+FileSecret = Annotated[PathText, AfterValidator(_file_secret)]
+TemplateFile = Annotated[PathText, AfterValidator(_template)]
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
+Severity = Literal["critical", "warning", "info"]
+Mobile = Annotated[str, StringConstraints(pattern=r"^\+?[0-9][0-9-]{4,19}$")]
+UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")]
+HttpUrl = Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
+MatchValue = Annotated[Any, PlainValidator(_match_value), WithJsonSchema({"anyOf": [
+    {"type": ["string", "number"], "description": "the label's exact value"},
+    {"type": "object", "properties": {"regex": {"type": "string"}}, "required": ["regex"],
+     "additionalProperties": False, "description": "a regex the whole value must match"}]})]
 
-    def robot_endpoint(self, where: str, raw: dict, kind: str) -> tuple[str, Secret | None, Secret | None]:
-        """A robot target's URL, token and (DingTalk) signing secret."""
-        url = raw.get("url", DEFAULT_URLS[kind])
-        if not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url):
-            self.problems.append(f"{where}: url must be an http(s) URL")
-            url = DEFAULT_URLS[kind]
-        elif re.search(rf"[?&]({TOKEN_PARAM[kind]}|sign|timestamp)=", url):
-            # Never print the URL: it may hold the very token we refuse to keep in a plain file.
-            self.problems.append(f"{where}: url must not carry {TOKEN_PARAM[kind]}/sign/timestamp; put the token "
-                                 "in token_env or token_file (the relay adds it, and signs each request)")
-        token = self.secret(where, raw, "token", required=True)
-        secret = self.secret(where, raw, "secret", required=False)
-        if secret is not None and kind == "wecom":
-            self.problems.append(f"{where}: WeCom robots are not signed; remove secret_env/secret_file")
-        return url, token, secret
 
-    def console(self, where: str, raw: dict) -> tuple[str, str, Secret, None, dict]:
-        """A console target: (robot style, url, token, secret, its own settings); it has no endpoint."""
-        extra = sorted(ROBOT_ONLY_KEYS & set(raw))
-        if extra:
-            self.problems.append(f"{where}: a console target sends nothing; remove {extra}")
-        style = raw.get("style", "dingtalk")
-        if style not in ROBOT_TYPES:
-            self.problems.append(f"{where}: style (the robot whose format to show) must be one of "
-                                 f"{list(ROBOT_TYPES)}, got {style!r}")
-            style = "dingtalk"
-        show = raw.get("show", "rendered")
-        if show not in CONSOLE_SHOW:
-            self.problems.append(f"{where}: show must be one of {list(CONSOLE_SHOW)}, got {show!r}")
-            show = "rendered"
-        color = raw.get("color", "auto")
-        if color not in CONSOLE_COLOR:
-            self.problems.append(f"{where}: color must be one of {list(CONSOLE_COLOR)}, got {color!r}")
-            color = "auto"
-        path = self.path(where, "file", raw["file"]) if "file" in raw else None
-        if path is not None and path.is_dir():
-            self.problems.append(f"{where}: file {str(path)!r} is a directory")
-        settings = {"style": style, "file": path, "show": show, "color": color}
-        return style, "", Secret("", "none (console)"), None, settings
+def _matchers(raw: dict[str, str | re.Pattern]) -> tuple[Matcher, ...]:
+    return tuple(Matcher(k, v.pattern, v) if isinstance(v, re.Pattern) else Matcher(k, v) for k, v in raw.items())
 
-    def mapping(self, where: str, raw: Any, keys: set[str]) -> bool:
-        """A mapping whose keys are all known (unknown ones are a problem, but the rest is still checked)."""
-        if not isinstance(raw, dict):
-            self.problems.append(f"{where}: must be a mapping")
-            return False
-        unknown = set(raw) - keys
-        if unknown:
-            self.problems.append(f"{where}: unknown key(s) {sorted(unknown)} (known: {sorted(keys)})")
-        return True
 
-    def matchers(self, where: str, raw_matchers: Any) -> list[Matcher]:
-        """{label: value} for an exact match or {label: {regex: ...}} for a full-match regex."""
-        matchers: list[Matcher] = []
-        raw_matchers = raw_matchers or {}
-        if not isinstance(raw_matchers, dict):
-            self.problems.append(f"{where}: matchers must map label names to a value or {{regex: ...}}")
-            raw_matchers = {}
-        for label, want in raw_matchers.items():
-            if not isinstance(label, str) or not LABEL_RE.match(label):
-                self.problems.append(f"{where}: matchers: bad label name {label!r}")
+Matchers = Annotated[dict[LabelName, MatchValue], AfterValidator(_matchers)]  # as a tuple of Matcher
+
+
+class _Secrets(StrictModel):
+    """Each secret STEM is given as STEM_env or STEM_file, never both; those in ``_required`` must be given."""
+
+    _required: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        for stem in ("token", "secret", "bearer_token"):
+            env, file = f"{stem}_env", f"{stem}_file"
+            if env not in type(self).model_fields:
                 continue
-            if isinstance(want, (str, int, float)) and not isinstance(want, bool):
-                matchers.append(Matcher(label, str(want)))
-            elif isinstance(want, dict) and set(want) == {"regex"} and isinstance(want["regex"], str):
-                try:
-                    matchers.append(Matcher(label, want["regex"], re.compile(want["regex"])))
-                except re.error as e:
-                    self.problems.append(f"{where}: matchers.{label}: regex does not compile: {e}")
-            else:
-                self.problems.append(f"{where}: matchers.{label} must be a value or {{regex: \"...\"}}")
-        return matchers
+            given = [k for k in (env, file) if getattr(self, k) is not None]
+            if len(given) == 2:
+                raise ValueError(f"give {env} or {file}, not both")
+            if not given and stem in self._required:
+                raise ValueError(f"give {env} (an environment variable) or {file}")
+        return self
 
-    def route(self, i: int, raw: Any, targets: dict[str, Any]) -> Route | None:
-        where = f"routes[{i}]"
-        if not self.mapping(where, raw, ROUTE_KEYS):
-            return None
-        receivers = self.str_list(where, raw, "receivers", NAME_RE)
-        if "targets" not in raw:
-            self.problems.append(f"{where}: targets is missing (use [] to deliver nowhere on purpose)")
-        route_targets = self.str_list(where, raw, "targets")
-        for t in route_targets:
-            if t not in targets:
-                self.problems.append(f"{where}: unknown target {t!r} (targets: {sorted(targets)})")
-        matchers = self.matchers(where, raw.get("matchers"))
-        cont = raw.get("continue", False)
-        if not isinstance(cont, bool):
-            self.problems.append(f"{where}: continue must be true or false")
-            cont = False
-        return Route(receivers=receivers, matchers=tuple(matchers), targets=route_targets, continue_=cont)
+    def secret_of(self, stem: str) -> Secret | None:
+        return getattr(self, f"{stem}_env", None) or getattr(self, f"{stem}_file", None)
 
-    def delivery(self, raw: Any) -> Delivery:
-        if raw is None:
-            return Delivery()
-        if not isinstance(raw, dict):
-            self.problems.append("delivery must be a mapping")
-            return Delivery()
-        unknown = set(raw) - DELIVERY_KEYS
+
+class _Token(_Secrets):
+    _required: ClassVar[tuple[str, ...]] = ("token",)
+
+    token_env: EnvSecret | None = Field(None, description="the environment variable holding the token")
+    token_file: FileSecret | None = Field(None, description="the file holding the token (relative to this file)")
+
+
+class _TargetBase(StrictModel):
+    """What every target has: a console target formats exactly as its robot."""
+
+    mention_mobiles: list[Mobile] = Field(
+        default_factory=list, description="mobiles @-mentioned (DingTalk; WeCom in text messages)")
+    mention_severities: list[Severity] = Field(["critical"], description="mention only when a firing alert of "
+                                                                         "these severities is in the message")
+    mention_all_severities: list[Severity] = Field(default_factory=list, description="@all for these severities")
+    format: Literal["markdown", "text"] = "markdown"
+    rate_per_minute: int = Field(20, ge=1, le=20, description="messages a minute; over 20 DingTalk locks the "
+                                                              "robot for 10 minutes")
+    template: TemplateFile | None = Field(None, description="Jinja template (relative to this file) replacing "
+                                                            "the default listing; checked at load")
+    text_template: TemplateFile | None = Field(None, description="the same for the text fallback")
+
+
+class _Robot(_TargetBase, _Token):
+    KIND: ClassVar[str]
+
+    @field_validator("url", check_fields=False)
+    @classmethod
+    def _bare(cls, url: str) -> str:
+        # Never print the URL: it may hold the very token we refuse to keep in a plain file.
+        if re.search(rf"[?&]({TOKEN_PARAM[cls.KIND]}|sign|timestamp)=", url):
+            raise ValueError(f"must not carry {TOKEN_PARAM[cls.KIND]}/sign/timestamp; put the token in token_env "
+                             "or token_file (the relay adds it, and signs each request)")
+        return url
+
+
+class DingTalkTarget(_Robot):
+    """A DingTalk custom robot, signed when secret_env/secret_file is given."""
+
+    KIND: ClassVar[str] = "dingtalk"
+    type: Literal["dingtalk"]
+    url: HttpUrl = Field(DEFAULT_URLS["dingtalk"], description="the robot's endpoint, without access_token")
+    secret_env: EnvSecret | None = Field(None, description="the environment variable holding the SEC... secret")
+    secret_file: FileSecret | None = Field(None, description="the file holding the SEC... secret")
+
+
+class WeComTarget(_Robot):
+    """A WeCom group robot (not signed)."""
+
+    KIND: ClassVar[str] = "wecom"
+    type: Literal["wecom"]
+    url: HttpUrl = Field(DEFAULT_URLS["wecom"], description="the robot's endpoint, without key")
+    mention_userids: list[UserId] = Field(default_factory=list, description="user ids @-mentioned")
+
+
+class ConsoleTarget(_TargetBase):
+    """Sends nothing: writes each message as its `style` robot would get it."""
+
+    type: Literal["console"]
+    style: Literal["dingtalk", "wecom"] = Field("dingtalk", description="the robot whose format to show")
+    show: Literal["rendered", "body"] = Field("rendered", description="as the chat shows it, or the JSON body")
+    color: Literal["auto", "always", "never"] = "auto"
+    file: Annotated[PathText, AfterValidator(_console_file)] | None = Field(None, description="default: stdout")
+    mention_userids: list[UserId] = Field(default_factory=list, description="user ids @-mentioned (style wecom)")
+
+    @model_validator(mode="after")
+    def _userids(self):
+        if self.mention_userids and self.style == "dingtalk":
+            raise ValueError("mention_userids is for WeCom; DingTalk robots mention by mobile")
+        return self
+
+
+TargetEntry = Annotated[DingTalkTarget | WeComTarget | ConsoleTarget, Field(discriminator="type")]
+
+
+def _target(name: str, t: TargetEntry) -> Target:
+    common = {"mention_mobiles": tuple(t.mention_mobiles), "mention_userids": tuple(getattr(t, "mention_userids", ())),
+              "mention_severities": tuple(t.mention_severities),
+              "mention_all_severities": tuple(t.mention_all_severities), "format": t.format,
+              "rate_per_minute": t.rate_per_minute, "template": t.template, "text_template": t.text_template}
+    if isinstance(t, ConsoleTarget):
+        return Target(name, "console", "", Secret("", "none (console)"), style=t.style, file=t.file, show=t.show,
+                      color=t.color, **common)
+    return Target(name, t.type, t.url, t.secret_of("token"), t.secret_of("secret"), **common)
+
+
+class Route(StrictModel):
+    """Matches when the receiver is in `receivers` (if given) and every matcher matches the alert's labels."""
+
+    receivers: list[Name] = Field(default_factory=list, description="receiver names; none: any receiver")
+    matchers: Matchers = Field(default=(), description="label: value, or label: {regex: ...}")
+    targets: list[str] = Field(description="target names; [] delivers nowhere on purpose")
+    continue_: bool = Field(False, alias="continue", description="let the routes below apply too")
+
+    @model_validator(mode="after")
+    def _known_targets(self, info: ValidationInfo):
+        known = (info.context or {}).get("targets")
+        unknown = [t for t in self.targets if known is not None and t not in known]
         if unknown:
-            self.problems.append(f"delivery: unknown key(s) {sorted(unknown)} (known: {sorted(DELIVERY_KEYS)})")
-        d = Delivery()
-        return Delivery(
-            max_attempts=self.number("delivery.", raw, "max_attempts", d.max_attempts, kind=int, minimum=1),
-            initial_backoff_seconds=self.number("delivery.", raw, "initial_backoff_seconds",
-                                                d.initial_backoff_seconds, minimum=0, above=True),
-            max_backoff_seconds=self.number("delivery.", raw, "max_backoff_seconds", d.max_backoff_seconds,
-                                            minimum=0, above=True),
-            max_retry_seconds=self.number("delivery.", raw, "max_retry_seconds", d.max_retry_seconds, minimum=0),
-            request_timeout_seconds=self.number("delivery.", raw, "request_timeout_seconds",
-                                                d.request_timeout_seconds, minimum=0, above=True),
-            drain_seconds=self.number("delivery.", raw, "drain_seconds", d.drain_seconds, minimum=0),
-            queue_max_alerts=self.number("delivery.", raw, "queue_max_alerts", d.queue_max_alerts, kind=int,
-                                         minimum=1),
-            rate_window_seconds=self.number("delivery.", raw, "rate_window_seconds", d.rate_window_seconds,
-                                            minimum=0, above=True),
-        )
+            raise ValueError(f"unknown target(s) {unknown} (targets: {sorted(known)})")
+        return self
+
+    def matches(self, receiver: str, labels: dict[str, str]) -> bool:
+        if self.receivers and receiver not in self.receivers:
+            return False
+        return all(m.matches(labels) for m in self.matchers)
+
+
+class ActionEntry(_Token):
+    """For chosen alerts, ask a sidecar's control endpoint to checkpoint or stop the run (relay/actions.py)."""
+
+    matchers: Matchers = Field(min_length=1, description="the alerts it acts on, e.g. {alertname: VerlX}")
+    action: Literal["checkpoint", "stop"]
+    url: HttpUrl = Field(description="the rank-0 sidecar, http(s)://HOST:PORT; /control/<action> is appended")
+    cooldown_seconds: float = Field(1800.0, ge=0, description="act at most once per alert in this time")
+
+
+class RelayFile(_Secrets):
+    """relay.yaml: where Alertmanager's webhooks go (targets, routes) and what the relay does about them."""
+
+    listen: str = Field("127.0.0.1:9095", description="HOST:PORT of the webhook, /healthz and /metrics")
+    bearer_token_env: EnvSecret | None = Field(None, description="require this bearer token on webhooks")
+    bearer_token_file: FileSecret | None = Field(None, description="the same, from a file")
+    max_body_bytes: int = Field(MiB, ge=1024, description="larger webhook bodies get 413")
+    spool_dir: Annotated[PathText, AfterValidator(_spool_dir)] | None = Field(
+        None, description="journal of accepted alerts and leftovers at shutdown, resent at the next start")
+    timezone: str = Field("UTC", description="IANA zone of the times in messages, e.g. Asia/Shanghai")
+    delivery: Delivery = Field(default_factory=Delivery)
+    targets: dict[Name, TargetEntry] = Field(min_length=1, description="robots (and consoles) by name")
+    routes: list[Route] = Field(min_length=1, description="evaluated per alert, in order; the first match "
+                                                               "decides unless it says continue: true")
+    actions: list[ActionEntry] = Field(default_factory=list, description="checkpoint/stop requests")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        try:
+            parse_listen(value)
+        except ValueError:
+            raise ValueError(f"must be HOST:PORT, got {value!r}") from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            zone(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not a known IANA zone (e.g. UTC, Asia/Shanghai)") from None
+        return value
+
+    def config(self) -> RelayConfig:
+        return RelayConfig(
+            targets={name: _target(name, t) for name, t in self.targets.items()},
+            routes=tuple(self.routes),
+            listen=self.listen, bearer_token=self.secret_of("bearer_token"), max_body_bytes=self.max_body_bytes,
+            spool_dir=self.spool_dir, timezone=self.timezone, delivery=self.delivery,
+            actions=tuple(Action(a.matchers, a.action, a.url.rstrip("/"), a.secret_of("token"),
+                                 a.cooldown_seconds) for a in self.actions))
+
+
+def _hint(err: dict, path: tuple) -> str | None:
+    kind, last = err["type"], (path[-1] if path else "")
+    if kind == "union_tag_invalid":
+        return f"type must be one of {list(TARGET_TYPES)}, got {err['ctx']['tag']!r}"
+    if kind == "union_tag_not_found":
+        return f"type is missing (one of {list(TARGET_TYPES)})"
+    if last == "[key]":
+        return "not a label name" if "matchers" in path else "a name must be letters, digits, '.', '_' or '-'"
+    if kind == "missing" and last == "targets" and path[0] == "routes":
+        return "missing (use [] to deliver nowhere on purpose)"
+    if kind == "less_than_equal" and last == "rate_per_minute":
+        return (f"{err['input']} is over the robots' limit of 20 per minute (over it DingTalk locks the robot "
+                "for 10 minutes)")
+    if kind == "string_pattern_mismatch" and str(last).endswith("_env"):
+        return "must be the name of an environment variable"
+    if kind == "bool_type":
+        return "must be true or false"
+    return None
+
+
+def _untagged(loc: tuple) -> tuple:
+    """A location without the target type pydantic puts after the target's name."""
+    if len(loc) > 2 and loc[0] == "targets" and loc[2] in TARGET_TYPES:
+        return loc[:2] + loc[3:]
+    return loc
 
 
 def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] | None = None,
-                 origin: str = "relay config", secrets_needed: bool = True) -> RelayConfig:
+                 origin: str = "relay config", secrets_needed: bool = True,
+                 lines: dict[tuple, int] | None = None) -> RelayConfig:
     """Validate a parsed YAML document; RelayConfigError listing every problem otherwise.
 
     Relative paths (token files, templates, spool_dir) are taken relative to base_dir (the config's folder).
     With secrets_needed=False (previews, which send nothing) a secret that is not set is left empty.
     """
-    loader = _Loader(Path(base_dir), dict(os.environ if environ is None else environ), secrets_needed)
-    problems = loader.problems
     if not isinstance(doc, dict):
         raise RelayConfigError(["the document must be a mapping with 'targets' and 'routes'"], origin)
-    unknown = set(doc) - TOP_KEYS
-    if unknown:
-        problems.append(f"unknown top-level key(s) {sorted(unknown)} (known: {sorted(TOP_KEYS)})")
-    listen = doc.get("listen", "127.0.0.1:9095")
+    targets = doc.get("targets")
+    context = {"base_dir": Path(base_dir), "environ": os.environ if environ is None else environ,
+               "secrets_needed": secrets_needed, "targets": set(targets) if isinstance(targets, dict) else set()}
     try:
-        parse_listen(str(listen))
-    except ValueError:
-        problems.append(f"listen must be HOST:PORT, got {listen!r}")
-    bearer = loader.secret("webhook auth", doc, "bearer_token", required=False)
-    max_body = loader.number("", doc, "max_body_bytes", MiB, kind=int, minimum=1024)
-    spool_dir = loader.path("spool_dir", "spool_dir", doc["spool_dir"]) if "spool_dir" in doc else None
-    if spool_dir is not None and spool_dir.exists() and not spool_dir.is_dir():
-        problems.append(f"spool_dir {str(spool_dir)!r} is not a directory (alerts left at shutdown would be lost)")
-    tz = doc.get("timezone", "UTC")
-    try:
-        zone(str(tz))
-    except (ZoneInfoNotFoundError, ValueError):
-        problems.append(f"timezone {tz!r} is not a known IANA zone (e.g. UTC, Asia/Shanghai)")
-        tz = "UTC"
-    delivery = loader.delivery(doc.get("delivery"))
-    raw_targets = doc.get("targets")
-    if not isinstance(raw_targets, dict) or not raw_targets:
-        problems.append("targets must be a non-empty mapping of name: {type: dingtalk|wecom, ...}")
-        raw_targets = {}
-    targets = {}
-    for name, raw in raw_targets.items():
-        target = loader.target(name, raw)
-        if target is not None:
-            targets[name] = target
-    raw_routes = doc.get("routes")
-    if not isinstance(raw_routes, list) or not raw_routes:
-        problems.append("routes must be a non-empty list of {receivers | matchers, targets, continue}")
-        raw_routes = []
-    routes = [loader.route(i, raw, raw_targets) for i, raw in enumerate(raw_routes)]
-    actions = parse_actions(loader, doc.get("actions"))
-    if problems:
-        raise RelayConfigError(problems, origin)
-    return RelayConfig(targets=targets, routes=tuple(r for r in routes if r is not None), listen=str(listen),
-                       bearer_token=bearer, max_body_bytes=max_body, spool_dir=spool_dir, timezone=str(tz),
-                       delivery=delivery, actions=actions)
+        model = RelayFile.model_validate(doc, context=context)
+    except ValidationError as e:
+        errors = [{**err, "loc": _untagged(err["loc"])} for err in e.errors()]
+        raise RelayConfigError(problems(errors, origin, lines or {}, _hint), origin) from None
+    return model.config()
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None, secrets_needed: bool = True) -> RelayConfig:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = getattr(e, "strerror", None) or "not UTF-8 text"
-        raise RelayConfigError([f"cannot read the config: {reason}"], str(path)) from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise RelayConfigError([f"not valid YAML: {e}"], str(path)) from None
-    return parse_config(doc, base_dir=path.parent, environ=environ, origin=str(path), secrets_needed=secrets_needed)
+    doc, lines = read_yaml(path, RelayConfigError)
+    return parse_config(doc, Path(path).parent, environ, str(path), secrets_needed, lines)
+
+
+def schema() -> dict:
+    """The JSON Schema of a relay config file."""
+    return json_schema(RelayFile, "verl-exporter relay config (relay.yaml)")

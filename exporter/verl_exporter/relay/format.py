@@ -440,3 +440,15 @@ def pack(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
         if _fits(msg, limits):
             return msg, 1
     return _force_fit(alerts[:1], target, tz, limits), 1
+
+
+def format_messages(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
+                    limits: dict | None = None) -> list[Message]:
+    """Every alert in as few messages as the limits allow (firing first): what --preview shows."""
+    rest = order(alerts)
+    out: list[Message] = []
+    while rest:
+        msg, used = pack(rest, target, tz, limits)
+        out.append(msg)
+        rest = rest[used:]
+    return out

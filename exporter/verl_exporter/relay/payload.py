@@ -1,38 +1,42 @@
-"""A typed copy of Alertmanager's webhook payload (version 4), parsed strictly.
+"""A typed copy of Alertmanager's webhook payload (version 4): core.models models, parsed strictly.
 
-Every problem of a body is collected and reported at once, each naming the field (``alerts[3].labels``), so
-that a 400 tells the sender exactly what is wrong. Unknown keys are ignored: Alertmanager may add fields in
-a later release, and refusing them would turn an upgrade into lost notifications.
+Every problem of a body is reported at once, each naming the field (``alerts.3.labels``), so that a 400 tells
+the sender exactly what is wrong. Unknown keys are ignored: Alertmanager may add fields in a later release,
+and refusing them would turn an upgrade into lost notifications. The relay works on ``Alert`` dataclasses
+(built cheaply, also from the spool); the models only check what arrives.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import reprlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any, Literal
 
-STATUSES = ("firing", "resolved")
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from ..core.models import FileError, StrictModel
+from ..core.models import problems as problem_lines
+
 # Alertmanager writes Go's RFC 3339 with up to nine fractional digits; datetime takes six.
 _TIME_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
 # Go's zero time: an alert that is still firing has this endsAt.
 ZERO_TIME = datetime(1, 1, 1, tzinfo=timezone.utc)
-
+# A huge broken body should not produce a huge 400.
+MAX_PROBLEMS, MAX_PROBLEM_CHARS = 20, 300
 
 # Why a body was refused: the `reason` label of verl_relay_rejected_payloads_total (a closed set).
 REASONS = ("not_json", "too_deep", "not_webhook", "too_large", "bad_length")
 
 
-class PayloadError(ValueError):
+class PayloadError(FileError):
     """A body that is not a usable webhook payload; ``problems`` lists every problem, one sentence each,
     ``reason`` is one of REASONS."""
 
     def __init__(self, problems: list[str], reason: str = "not_webhook"):
-        self.problems = problems
+        super().__init__(problems, "webhook payload")
         self.reason = reason
-        super().__init__("; ".join(problems))
 
 
 def parse_time(text: str) -> datetime:
@@ -78,101 +82,91 @@ class Alert:
         }
 
 
-@dataclass(frozen=True)
-class WebhookPayload:
-    version: str
-    group_key: str
-    truncated_alerts: int
-    status: str
-    receiver: str
-    group_labels: dict[str, str]
-    common_labels: dict[str, str]
-    common_annotations: dict[str, str]
-    external_url: str
-    alerts: tuple[Alert, ...] = field(default_factory=tuple)
-
-
 def _fmt_time(t: datetime) -> str:
     if t == ZERO_TIME:
         return "0001-01-01T00:00:00Z"
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _str_map(where: str, value: Any, problems: list[str]) -> dict[str, str]:
-    if not isinstance(value, dict):
-        problems.append(f"{where} must be an object of strings, got {_kind(value)}")
-        return {}
-    bad = [k for k, v in value.items() if not isinstance(v, str)]
-    if bad:
-        problems.append(f"{where}: value(s) of {sorted(bad)[:5]} must be strings")
-    return {k: v for k, v in value.items() if isinstance(v, str)}
+def _time(value: Any) -> Any:
+    return parse_time(value) if isinstance(value, str) else value  # anything else: not a datetime
 
 
-def _short(value: Any) -> str:
-    """A bounded repr: a value from the body may be huge or nested to the recursion limit."""
-    return reprlib.repr(value)
+Time = Annotated[datetime, BeforeValidator(_time)]
+Status = Literal["firing", "resolved"]
+Labels = dict[str, str]
+
+
+class _Webhook(StrictModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AlertIn(_Webhook):
+    """One element of ``alerts``."""
+
+    status: Status
+    labels: Labels
+    annotations: Labels = Field(default_factory=dict)
+    starts_at: Time = Field(alias="startsAt")
+    ends_at: Time | None = Field(None, alias="endsAt")
+    generator_url: str = Field("", alias="generatorURL")
+    fingerprint: str = ""
+
+    @field_validator("labels")
+    @classmethod
+    def _named(cls, labels: Labels) -> Labels:
+        if not labels.get("alertname"):
+            raise ValueError("has no alertname")
+        return labels
+
+    def alert(self) -> Alert:
+        ends_at = None if self.ends_at is None or self.ends_at <= ZERO_TIME else self.ends_at
+        return Alert(self.status, self.labels, self.annotations, self.starts_at, ends_at, self.generator_url,
+                     self.fingerprint)
+
+
+class WebhookPayload(_Webhook):
+    """The body Alertmanager posts; ``alerts`` holds Alert dataclasses once validated."""
+
+    version: Literal["4"]
+    group_key: str = Field("", alias="groupKey")
+    truncated_alerts: int = Field(0, ge=0, alias="truncatedAlerts")
+    status: Status
+    receiver: str
+    group_labels: Labels = Field(default_factory=dict, alias="groupLabels")
+    common_labels: Labels = Field(default_factory=dict, alias="commonLabels")
+    common_annotations: Labels = Field(default_factory=dict, alias="commonAnnotations")
+    external_url: str = Field("", alias="externalURL")
+    alerts: Annotated[list[AlertIn], Field(min_length=1),
+                      AfterValidator(lambda alerts: tuple(a.alert() for a in alerts))]
+
+
+def _hint(err: dict, path: tuple) -> str | None:
+    if path == ("version",):
+        return 'must be "4" (Alertmanager\'s webhook payload)'
+    if err["type"] in ("model_type", "dict_type"):
+        return f"must be an object, got {_kind(err['input'])}"
+    return None
+
+
+def _problems(e: ValidationError, origin: str) -> list[str]:
+    """At most MAX_PROBLEMS short lines (a body's keys may be huge)."""
+    errors = e.errors(include_url=False)
+    out = [p[:MAX_PROBLEM_CHARS] for p in problem_lines(errors[:MAX_PROBLEMS], origin, {}, _hint)]
+    return out + (["... (further problems not listed)"] if len(errors) > MAX_PROBLEMS else [])
 
 
 def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _required_str(where: str, raw: dict, key: str, problems: list[str]) -> str:
-    if key not in raw:
-        problems.append(f"{where}{key} is missing")
-        return ""
-    if not isinstance(raw[key], str):
-        problems.append(f"{where}{key} must be a string, got {_kind(raw[key])}")
-        return ""
-    return raw[key]
-
-
-def _optional_str(where: str, raw: dict, key: str, problems: list[str]) -> str:
-    value = raw.get(key, "")
-    if not isinstance(value, str):
-        problems.append(f"{where}{key} must be a string, got {_kind(value)}")
-        return ""
-    return value
-
-
-def _time(where: str, raw: dict, key: str, problems: list[str], required: bool) -> datetime | None:
-    if key not in raw and not required:
-        return None
-    text = _required_str(where, raw, key, problems)
-    if not text:
-        return None
-    try:
-        return parse_time(text)
-    except ValueError as e:
-        problems.append(f"{where}{key}: {e}")
-        return None
-
-
 def parse_alert(where: str, raw: Any, problems: list[str]) -> Alert | None:
-    """One element of ``alerts``; problems are appended, None when it cannot be used."""
-    if not isinstance(raw, dict):
-        problems.append(f"{where} must be an object, got {_kind(raw)}")
+    """One element of ``alerts`` (or a spooled alert); problems are appended, None when it cannot be used."""
+    try:
+        return AlertIn.model_validate(raw).alert()
+    except ValidationError as e:
+        problems.extend(_problems(e, where))
         return None
-    before = len(problems)
-    status = _required_str(f"{where}.", raw, "status", problems)
-    if status and status not in STATUSES:
-        problems.append(f"{where}.status must be one of {list(STATUSES)}, got {status[:20]!r}")
-    if "labels" not in raw:
-        problems.append(f"{where}.labels is missing")
-    labels = _str_map(f"{where}.labels", raw.get("labels", {}), problems)
-    if "labels" in raw and isinstance(raw["labels"], dict) and not labels.get("alertname"):
-        problems.append(f"{where}.labels has no alertname")
-    annotations = _str_map(f"{where}.annotations", raw.get("annotations", {}), problems)
-    starts_at = _time(f"{where}.", raw, "startsAt", problems, required=True)
-    ends_at = _time(f"{where}.", raw, "endsAt", problems, required=False)
-    generator_url = _optional_str(f"{where}.", raw, "generatorURL", problems)
-    fingerprint = _optional_str(f"{where}.", raw, "fingerprint", problems)
-    if len(problems) > before or starts_at is None:
-        return None
-    if ends_at is not None and ends_at <= ZERO_TIME:
-        ends_at = None
-    return Alert(status=status, labels=labels, annotations=annotations, starts_at=starts_at, ends_at=ends_at,
-                 generator_url=generator_url, fingerprint=fingerprint)
 
 
 def parse_payload(body: bytes | str) -> WebhookPayload:
@@ -185,37 +179,7 @@ def parse_payload(body: bytes | str) -> WebhookPayload:
         raise PayloadError([f"the body is not JSON: {str(e)[:200]}"], "not_json") from None
     if not isinstance(doc, dict):
         raise PayloadError([f"the body must be a JSON object, got {_kind(doc)}"])
-    problems: list[str] = []
-    version = doc.get("version")
-    if version != "4":
-        problems.append(f"version must be \"4\" (Alertmanager's webhook payload), got {_short(version)}"[:120])
-    status = _required_str("", doc, "status", problems)
-    if status and status not in STATUSES:
-        problems.append(f"status must be one of {list(STATUSES)}, got {status[:20]!r}")
-    receiver = _required_str("", doc, "receiver", problems)
-    group_key = _optional_str("", doc, "groupKey", problems)
-    external_url = _optional_str("", doc, "externalURL", problems)
-    truncated = doc.get("truncatedAlerts", 0)
-    if isinstance(truncated, bool) or not isinstance(truncated, int) or truncated < 0:
-        problems.append(f"truncatedAlerts must be a non-negative integer, got {_kind(truncated)}")
-        truncated = 0
-    maps = {key: _str_map(key, doc.get(key, {}), problems)
-            for key in ("groupLabels", "commonLabels", "commonAnnotations")}
-    raw_alerts = doc.get("alerts")
-    alerts: list[Alert] = []
-    if not isinstance(raw_alerts, list) or not raw_alerts:
-        problems.append("alerts must be a non-empty list" if raw_alerts is not None else "alerts is missing")
-    else:
-        for i, raw in enumerate(raw_alerts):
-            alert = parse_alert(f"alerts[{i}]", raw, problems)
-            if alert is not None:
-                alerts.append(alert)
-            if len(problems) >= 20:  # a huge broken body should not produce a huge 400
-                problems.append("... (further problems not listed)")
-                break
-    if problems:
-        raise PayloadError(problems)
-    return WebhookPayload(version="4", group_key=group_key, truncated_alerts=truncated, status=status,
-                          receiver=receiver, group_labels=maps["groupLabels"], common_labels=maps["commonLabels"],
-                          common_annotations=maps["commonAnnotations"], external_url=external_url,
-                          alerts=tuple(alerts))
+    try:
+        return WebhookPayload.model_validate(doc)
+    except ValidationError as e:
+        raise PayloadError(_problems(e, "body")) from None

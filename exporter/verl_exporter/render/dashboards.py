@@ -8,8 +8,6 @@ laid out in rows, in spec order, on the 24-column grid.
 
 from __future__ import annotations
 
-import json
-
 from ..spec import Spec
 from ..spec.rules import Panel
 from .promql import fill
@@ -170,6 +168,5 @@ def dashboard_json(spec: Spec, dashboard: str) -> dict:
 
 
 def render_dashboards(spec: Spec) -> dict[str, str]:
-    return {f"dashboards/verl-{name}.json": render("dashboard.json.j2",
-                                                   body=json.dumps(dashboard_json(spec, name), indent=2))
+    return {f"dashboards/verl-{name}.json": render("dashboard.json.j2", dashboard=dashboard_json(spec, name))
             for name in TITLES}

@@ -23,6 +23,9 @@ MIN_SAMPLES = 10  # an adaptive alert says nothing until its window holds this m
 
 
 WINDOW_GROUP = "windows"  # the recording group of per-series window aggregates, evaluated once a minute
+# The recordings written on an entry (rates of the node's kernel counters: CPU, disk) have their own group, so
+# that they run beside the training recordings instead of after them (a group's rules run one after another).
+NODE_GROUP = "node"
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ def all_recordings(spec: Spec) -> list[Recording]:
     seen: dict[str, Recording] = {}
     for metric in spec.metrics:
         for name, expr in metric.recordings:
-            seen.setdefault(name, Recording(name, fill(expr, metric.name, sel)))
+            seen.setdefault(name, Recording(name, fill(expr, metric.name, sel), NODE_GROUP))
         if "cross_rank" in metric.record:
             for r in cross_rank_records(metric, sel):
                 seen.setdefault(r.record, r)

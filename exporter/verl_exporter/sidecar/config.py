@@ -1,18 +1,20 @@
-"""Sidecar settings: a YAML file (--config) overlaid by command-line flags, checked strictly.
+"""Sidecar settings (`verl-exporter serve`): a YAML file (--config) overlaid by command-line flags.
 
-Every problem is reported at once, naming the setting. The result is a frozen dataclass.
+ServeConfig is a core.models StrictModel: an unknown key or a wrong value is an error, every one reported at
+once, a file's with its FILE:LINE; `verl-exporter schema config` writes its JSON Schema. A file may spell
+keys with dashes like the flags (``verl-log:`` is ``verl_log:``). The control endpoint's bearer token is never
+a setting: the config names the environment variable or the file that holds it (sidecar/control.read_token).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
+from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate, where
 from ..core.server import parse_listen
 from ..spec import LABEL_NAME_RE, RESERVED_LABELS
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
@@ -24,49 +26,130 @@ MIN_LINE_BYTES = 1024  # verl's step lines run to kilobytes: a smaller cap would
 DEFAULT_PORT = 9477  # one sidecar per rank: the port is DEFAULT_PORT + local rank unless --listen says
 
 
-class ConfigError(ValueError):
-    def __init__(self, problems: list[str], origin: str = "config"):
-        self.problems = problems
-        super().__init__(f"{origin}: " + "; ".join(problems))
+class ConfigError(FileError):
+    """A serve config (file or flags) that cannot be used; ``problems`` lists every problem, each with its place."""
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
-    rank: int | None = None
-    local_rank: int | None = None
-    run: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    verl_log: str | None = None
-    checkpoint_dir: str | None = None
-    spec: str | None = None
-    overrides: str | None = None  # an overrides file (spec/overrides.py); unset: $VERL_EXPORTER_OVERRIDES,
-    # then ./verl-exporter.yaml when it exists; "" for none
-    max_unmapped: int = DEFAULT_MAX_UNMAPPED
-    poll_interval: float = DEFAULT_POLL_S
-    recover_bytes: int = DEFAULT_RECOVER_BYTES
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    # resource collectors
-    collectors: dict[str, bool] = field(default_factory=dict)  # name -> on/off; unset = the collector's default
-    interval: float = DEFAULT_INTERVAL_S
-    slow_interval: float = DEFAULT_SLOW_INTERVAL_S
-    procfs: str = "/proc"
-    gpus: str = "auto"
-    trainer_pid: int | None = None
-    watch_paths: tuple[str, ...] = ()
-    gpu_pcie_throughput: bool = False
-    checkpoint_grace: float = 900.0
-    checkpoint_verify: bool = False
-    # discovery and liveness
-    file_sd: str | None = None
-    advertise: str | None = None
-    hang_factor: float = 0.0  # 0 = off; else /healthz fails after this many times the recent step time
-    hang_min_seconds: float = 600.0
-    # automated response (off unless a token is given)
-    control_token_env: str | None = None
-    control_token_file: str | None = None
-    control_file: str | None = None
-    control_file_mode: str = "0644"  # octal; readable by a trainer under another uid
+def _as_written(value: Any) -> Any:
+    """YAML reads ``run: 2024`` as a number: a name takes it as the text it was written as."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _octal(value: Any) -> Any:
+    """YAML reads an unquoted 0640 as the integer 416: take it as the octal number it was written as."""
+    return format(value, "04o") if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _label_pairs(value: Any) -> Any:
+    """Repeated --label KEY=VALUE flags arrive as a list."""
+    if not isinstance(value, list):
+        return value
+    bad = [item for item in value if "=" not in str(item)]
+    if bad:
+        raise ValueError(f"--label takes KEY=VALUE, got {bad[0]!r}")
+    return dict(str(item).partition("=")[::2] for item in value)
+
+
+def _tuple(value: Any) -> Any:
+    """A YAML list of paths is the tuple the frozen config keeps."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+Name = Annotated[str, BeforeValidator(_as_written, json_schema_input_type=str | int)]
+Count = Annotated[int, Field(ge=0)]
+LabelName = Annotated[str, Field(pattern=LABEL_NAME_RE.pattern)]
+
+
+class ServeConfig(StrictModel):
+    """verl-exporter serve: what one rank's sidecar reads and serves."""
+
+    listen: str = Field(f"0.0.0.0:{DEFAULT_PORT}", description=f"HOST:PORT to serve on, :PORT for all interfaces "
+                                                               f"(default 0.0.0.0:{DEFAULT_PORT} + local rank)")
+    rank: Count | None = Field(None, description="global rank (default $RANK); exported as label rank")
+    local_rank: Count | None = Field(None, description="rank on this node (default $LOCAL_RANK)")
+    run: Name | None = Field(None, description="run / experiment name; exported as label run")
+    labels: Annotated[dict[LabelName, Name], BeforeValidator(_label_pairs)] = Field(
+        default_factory=dict, description="extra constant labels on every series")
+    verl_log: str | None = Field(None, description="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH)")
+    checkpoint_dir: str | None = Field(None, description="verl's trainer.default_local_dir (checkpoints)")
+    spec: str | None = Field(None, description="a metric spec to use instead of the packaged one")
+    overrides: str | None = Field(None, description="an overrides file (default $VERL_EXPORTER_OVERRIDES, then "
+                                                    "./verl-exporter.yaml when it exists); '' for none")
+    max_unmapped: Count = Field(DEFAULT_MAX_UNMAPPED, description="cap on verl_unmapped_* series")
+    poll_interval: float = Field(DEFAULT_POLL_S, ge=0.01, le=10, description="seconds between polls of the log")
+    recover_bytes: Count = Field(DEFAULT_RECOVER_BYTES, description="bytes of the log's tail read at start")
+    max_line_bytes: int = Field(DEFAULT_MAX_LINE_BYTES, ge=MIN_LINE_BYTES,  # 0 would reject every line, silently
+                                description="longest log line accepted")
+    collectors: dict[str, bool] = Field(default_factory=dict,
+                                        description="collector name -> on/off; unset: the collector's default")
+    interval: float = Field(DEFAULT_INTERVAL_S, ge=0.1, le=300, description="seconds between collector samples")
+    slow_interval: float = Field(DEFAULT_SLOW_INTERVAL_S, ge=1, le=3600,
+                                 description="seconds between costly reads: energy, checkpoint size and hashes")
+    procfs: str = Field("/proc", description="where /proc is mounted")
+    gpus: str = Field("auto", pattern=r"^(auto|all|[\w:.-]+(,[\w:.-]+)*)$",
+                      description="GPUs of this rank: auto (CUDA_VISIBLE_DEVICES + local rank), all, or a "
+                                  "comma-separated list of NVML indices / GPU UUIDs")
+    trainer_pid: Count | None = Field(None, description="the trainer's pid: its process tree is role=trainer")
+    watch_paths: Annotated[tuple[str, ...], BeforeValidator(_tuple)] = \
+        Field((), description="also export size/free of the filesystems holding these paths")
+    gpu_pcie_throughput: bool = Field(False, description="also read PCIe throughput (about 20 ms per GPU per read)")
+    checkpoint_grace: float = Field(900.0, ge=0, le=86400, description="seconds an unfinished global_step_N/ may "
+                                                                       "exist before it counts as incomplete")
+    checkpoint_verify: bool = Field(False, description="check kept checkpoints against their SHA-256 manifests")
+    file_sd: str | None = Field(None, description="folder to register this sidecar in for Prometheus file_sd")
+    advertise: str | None = Field(None, description="host name Prometheus should scrape (default this host's FQDN)")
+    hang_factor: float = Field(0.0, ge=0, le=1000, description="/healthz fails when no step came for this many "
+                                                               "times the recent step time; 0 = off")
+    hang_min_seconds: float = Field(600.0, ge=0, le=86400 * 7,
+                                    description="never call the trainer hung before this many seconds")
+    control_token_env: str | None = Field(None, description="enable the control endpoint, with the bearer token "
+                                                            "in this environment variable")
+    control_token_file: str | None = Field(None, description="same, with the token read from this file")
+    control_file: str | None = Field(None, description="where requests are recorded for the trainer (default "
+                                                       "<checkpoint_dir>/.verl-exporter-control.json)")
+    control_file_mode: Annotated[str, BeforeValidator(_octal, json_schema_input_type=str | int)] = Field(
+        "0644", description="octal permissions of the control file; 0644 lets a trainer under another uid read it")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for k in labels:
+            if k in ("run", "rank"):
+                raise ValueError(f"label {k!r} is set by --{k}, not --label")
+            if k.startswith("__") or k in RESERVED_LABELS:
+                raise ValueError(f"label name {k!r} is not allowed (reserved)")
+        return labels
+
+    @field_validator("collectors")
+    @classmethod
+    def _collectors(cls, value: dict[str, bool]) -> dict[str, bool]:
+        from .collectors import REGISTRY  # on first use: the training process may never need the collectors
+
+        unknown = sorted(set(value) - set(REGISTRY))
+        if unknown:
+            raise ValueError(f"unknown collector(s) {unknown}; known: {sorted(REGISTRY)}")
+        return value
+
+    @field_validator("control_file_mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        parse_file_mode(value)
+        return value
+
+    @model_validator(mode="after")
+    def _control_needs_a_file(self, info: ValidationInfo) -> ServeConfig:
+        # a file alone is checked before the flags are known: they may supply the other half
+        if (info.context or {}).get("partial"):
+            return self
+        if (self.control_token_env or self.control_token_file) and not (self.control_file or self.checkpoint_dir):
+            raise ValueError("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
+        return self
 
     def const_labels(self, target_labels: tuple[str, ...] = ("run", "rank")) -> dict[str, str]:
         """Labels put on every series: run and rank when set, then the user's --label pairs."""
@@ -79,31 +162,45 @@ class ServeConfig:
         return out
 
 
-_KEYS = {f.name for f in fields(ServeConfig)}
+def _hint(err: dict, path: tuple) -> str | None:
+    if err["type"] != "string_pattern_mismatch":
+        return None
+    if path[:1] == ("labels",):
+        return "not a Prometheus label name"
+    return "must be auto, all or a comma-separated list of GPU indices / UUIDs" if path == ("gpus",) else None
+
+
+def _line(problem: str) -> int:
+    m = re.match(r".*?:(\d+): ", problem)
+    return int(m.group(1)) if m else 0
 
 
 def read_config_file(path: str | None) -> dict[str, Any]:
+    """The settings of a --config file, checked alone (every problem with its FILE:LINE); {} without one.
+    An empty setting (``run:``) is unset."""
     if not path:
         return {}
-    try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError([f"cannot read it: {e.strerror}"], path) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError([f"not UTF-8 text (byte {e.start})"], path) from None
-    except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {e}"], path) from None
+    doc, lines = read_yaml(path, ConfigError)
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise ConfigError(["it must be a mapping of settings"], path)
-    # verl-log: and verl_log: are the same setting (flags are dashed, the dataclass fields are not)
-    values = {str(k).replace("-", "_"): v for k, v in doc.items()}
-    unknown = sorted(set(values) - _KEYS)
-    if unknown:
-        raise ConfigError([f"unknown setting(s) {unknown}; known: {sorted(_KEYS)}"], path)
-    if len(values) < len(doc):
-        raise ConfigError(["a setting is given twice (once with dashes, once with underscores)"], path)
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in doc.items():
+        name = str(key).replace("-", "_")
+        if name in values:
+            problems.append(f"{where(path, lines, (key,))}: {name}: given twice (once with dashes, once with "
+                            f"underscores)")
+        values[name] = value
+    lines = {(str(k[0]).replace("-", "_"), *k[1:]): n for k, n in lines.items()}
+    values = {k: v for k, v in values.items() if v is not None}
+    try:
+        validate(ServeConfig, values, path, lines, ConfigError, _hint, context={"partial": True})
+    except ConfigError as e:
+        problems += e.problems
+    if problems:
+        raise ConfigError(sorted(problems, key=_line), path)
     return values
 
 
@@ -116,89 +213,23 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
     """Merge (flags win over the file, the file over the environment, that over defaults) and check."""
     merged: dict[str, Any] = {"rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK")}
     merged.update({k: v for k, v in file_values.items() if v is not None})
-    flags = {k: v for k, v in flag_values.items() if v is not None and k in _KEYS}
+    flags = {k: v for k, v in flag_values.items() if v is not None and k in ServeConfig.model_fields}
     if isinstance(flags.get("collectors"), dict) and isinstance(merged.get("collectors"), dict):
         flags["collectors"] = {**merged["collectors"], **flags["collectors"]}  # --collector.x wins per name
     merged.update(flags)
-    problems: list[str] = []
-
-    for key in ("rank", "local_rank", "max_unmapped", "recover_bytes", "max_line_bytes", "trainer_pid"):
-        value = merged.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            problems.append(f"{key} must be a non-negative integer, got {value!r}")
-        elif key == "max_line_bytes" and value < MIN_LINE_BYTES:  # 0 would reject every line, silently
-            problems.append(f"max_line_bytes must be at least {MIN_LINE_BYTES}, got {value!r}")
-    if "poll_interval" in merged:
-        value = merged["poll_interval"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 10:
-            problems.append(f"poll_interval must be a number of seconds in [0.01, 10], got {value!r}")
-    for key, low, high in (("interval", 0.1, 300), ("slow_interval", 1, 3600), ("checkpoint_grace", 0, 86400),
-                           ("hang_factor", 0, 1000), ("hang_min_seconds", 0, 86400 * 7)):
-        value = merged.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not low <= value <= high):
-            problems.append(f"{key} must be a number of seconds in [{low}, {high}], got {value!r}")
-    collectors = merged.get("collectors") or {}
-    if not isinstance(collectors, dict) or not all(isinstance(v, bool) for v in collectors.values()):
-        problems.append("collectors must map collector names to true/false")
-        collectors = {}
-    else:
-        from .collectors import REGISTRY
-
-        unknown = sorted(set(collectors) - set(REGISTRY))
-        if unknown:
-            problems.append(f"unknown collector(s) {unknown}; known: {sorted(REGISTRY)}")
-    merged["collectors"] = dict(collectors)
-    watch = merged.get("watch_paths") or ()
-    if isinstance(watch, str) or not all(isinstance(p, str) for p in watch):
-        problems.append("watch_paths must be a list of paths")
-        watch = ()
-    merged["watch_paths"] = tuple(watch)
-    gpus = str(merged.get("gpus", "auto"))
-    if not re.fullmatch(r"auto|all|[\w:.-]+(,[\w:.-]+)*", gpus):
-        problems.append(f"gpus must be auto, all or a comma-separated list of indices/UUIDs, got {gpus!r}")
     if "listen" not in merged:
         local = merged.get("local_rank")
-        merged["listen"] = f"0.0.0.0:{DEFAULT_PORT + (local if isinstance(local, int) else 0)}"
-    try:
-        parse_listen(str(merged["listen"]))
-    except ValueError as e:
-        problems.append(str(e))
-    labels = merged.get("labels") or {}
-    if isinstance(labels, list):  # from repeated --label k=v flags
-        pairs = {}
-        for item in labels:
-            k, sep, v = str(item).partition("=")
-            if not sep:
-                problems.append(f"--label takes KEY=VALUE, got {item!r}")
-            pairs[k] = v
-        labels = pairs
-    if not isinstance(labels, dict):
-        problems.append("labels must map label names to values")
-        labels = {}
-    for k in labels:
-        if not LABEL_NAME_RE.match(str(k)) or str(k).startswith("__") or k in RESERVED_LABELS:
-            problems.append(f"label name {k!r} is not allowed (reserved or not a Prometheus label name)")
-        if k in ("run", "rank"):
-            problems.append(f"label {k!r} is set by --{k}, not --label")
-    merged["labels"] = {str(k): str(v) for k, v in labels.items()}
-    if (merged.get("control_token_env") or merged.get("control_token_file")) and not (
-            merged.get("control_file") or merged.get("checkpoint_dir")):
-        problems.append("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
-    mode = merged.get("control_file_mode")
-    if mode is not None:
-        # YAML reads an unquoted 0640 as the integer 416: take it as the octal number it was written as
-        merged["control_file_mode"] = mode = format(mode, "04o") if isinstance(mode, int) else str(mode)
-        try:
-            parse_file_mode(mode)
-        except ValueError as e:
-            problems.append(f"control_file_mode: {e}")
-    for key in ("run", "verl_log", "checkpoint_dir", "spec", "overrides", "control_token_env", "control_token_file",
-                "control_file", "file_sd", "advertise"):
-        if merged.get(key) is not None:
-            merged[key] = str(merged[key])
-    if problems:
-        raise ConfigError(problems, origin)
-    return ServeConfig(**{k: v for k, v in merged.items() if k in _KEYS})
+        ok = isinstance(local, int) and not isinstance(local, bool) and local >= 0
+        merged["listen"] = f"0.0.0.0:{DEFAULT_PORT + (local if ok else 0)}"
+    return validate(ServeConfig, merged, origin, error=ConfigError, hint=_hint)
+
+
+def schema() -> dict:
+    """The JSON Schema of a --config file, with the collectors' names spelled out and label names checked."""
+    from .collectors import REGISTRY
+
+    doc = json_schema(ServeConfig, "verl-exporter serve --config")
+    doc["properties"]["collectors"]["propertyNames"] = {"enum": sorted(REGISTRY)}
+    doc["properties"]["labels"]["propertyNames"] = {"pattern": LABEL_NAME_RE.pattern}
+    return doc
+

@@ -22,6 +22,7 @@ from .sources.verl_file import VerlFileFollower
 from .store import TrainingStore
 
 log = logging.getLogger(__name__)
+RECOVERY_WAIT_S = 30.0  # the longest a restarted sidecar waits for its log's recovery before it serves
 
 
 class Sidecar:
@@ -124,10 +125,16 @@ class Sidecar:
                                               self.server.port)
             self.file_sd.start(on_error=lambda e: self.self_metrics.problem(
                 "file_sd", "write", f"cannot write {self.file_sd.path}: {e}"))
+        if self.follower:
+            # Recover from the file before serving: a scrape of a restarted sidecar must not see the NaN
+            # counter back at nothing (a reset to Prometheus) or the training series missing for a moment.
+            # Bounded, so that a huge or unreadable file delays the first scrape, not the sidecar forever.
+            self.follower.start()
+            if not self.follower.recovered.wait(RECOVERY_WAIT_S):
+                log.warning("still recovering from %s after %.0f s; serving meanwhile", self.config.verl_log,
+                            RECOVERY_WAIT_S)
         self.server.start()
         self.sampler.start()
-        if self.follower:
-            self.follower.start()
         log.info("verl-exporter serving on %s/metrics%s", self.server.url,
                  f", following {self.config.verl_log}" if self.config.verl_log else "")
         return self

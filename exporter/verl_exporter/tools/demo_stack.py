@@ -40,6 +40,7 @@ from pathlib import Path
 
 import yaml
 
+from ..core.shutdown import stop_process, stopping
 from .demo import _nonfinite_steps, demo_lines, run_demo
 
 INSTALL_HINT = "sudo apt-get update && sudo apt-get install -y prometheus prometheus-alertmanager"
@@ -167,13 +168,7 @@ class Program:
         raise DemoError(f"{self.name} did not become ready within {timeout:.0f} s:\n{self.tail()}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 
@@ -336,8 +331,11 @@ class FullDemo:
 
     # ---- the run
     def run(self) -> int:
-        handlers = {sig: signal.signal(sig, lambda *_: self.done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-        logger = logging.getLogger("verl_exporter")
+        with stopping(self.done):
+            return self._run()
+
+    def _run(self) -> int:
+        logger = logging.getLogger(__name__.partition(".")[0])  # the package's: every component's warnings
         saved = (logger.level, logger.propagate)
         hook = _LogToDemo(self)
         logger.addHandler(hook)
@@ -362,8 +360,6 @@ class FullDemo:
             logger.removeHandler(hook)
             logger.setLevel(saved[0])
             logger.propagate = saved[1]
-            for sig, h in handlers.items():
-                signal.signal(sig, h)
         return status
 
     def start(self) -> None:

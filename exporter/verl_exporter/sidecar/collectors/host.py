@@ -1,12 +1,5 @@
-"""Host CPU, load and memory from {procfs}/stat, loadavg and meminfo; the trainer's resident memory via psutil.
-
-CPU time is exported as the kernel counts it: the aggregate ``cpu`` line of /proc/stat (all CPUs summed) as
-verl_host_cpu_seconds_total{mode}, node_exporter's node_cpu_seconds_total without the cpu label. Ratios
-(utilisation, iowait) are rate()s over the counter, in the generated recording rules, so that every second
-between two scrapes counts and not only the sampler's last interval. guest and guest_nice are left out:
-the kernel already counts them in user and nice. iowait may go backwards (proc(5)); like node_exporter,
-each mode is kept monotonic (a smaller reading repeats the previous value), so that rate() does not take a
-small step back for a counter reset.
+"""Host load and memory from {procfs}/loadavg and meminfo; the trainer's resident memory via psutil. (CPU time
+is the cpu collector's: a node-wide counter that one sidecar per node exports.)
 
 The trainer's memory is the RSS of --trainer-pid plus all its descendants, summed (shared pages are counted
 once per process, so this over-states what a kill would free). Listing the descendants means reading every
@@ -17,20 +10,12 @@ Under Ray, verl's workers are children of the raylet, not of the driver, so only
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import psutil
 
 from .base import Collector, Context, Sample, register
 
-# /proc/stat cpu columns: user nice system idle iowait irq softirq steal [guest guest_nice]
-_CPU_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-# /proc/stat counts in USER_HZ ticks (100 on every Linux architecture that matters; node_exporter assumes it).
-try:
-    USER_HZ = os.sysconf("SC_CLK_TCK")
-except (ValueError, OSError, AttributeError):
-    USER_HZ = 100
 _LOAD_PERIODS = ("1m", "5m", "15m")
 _KIB = 1024
 CHILDREN_REFRESH_S = 30.0
@@ -39,11 +24,10 @@ CHILDREN_REFRESH_S = 30.0
 @register
 class HostCollector(Collector):
     name = "host"
-    description = "host CPU time by mode, load average, memory, and the trainer's resident memory"
+    description = "host load average and memory, and the trainer's resident memory"
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self._cpu_ticks: dict[str, int] = {}  # the largest value seen per mode: what is exported
         self._trainer: psutil.Process | None = None
         self._children: list[psutil.Process] = []
         self._children_listed_at: float | None = None
@@ -52,37 +36,12 @@ class HostCollector(Collector):
 
     def sample(self) -> list[Sample]:
         out: list[Sample] = []
-        for part in (self._cpu, self._load, self._memory, self._trainer_rss):
+        for part in (self._load, self._memory, self._trainer_rss):
             try:
                 out.extend(part())
             except OSError as e:  # one unreadable file loses only its own metrics
                 self.ctx.self_metrics.problem(self.name, "read", f"{part.__name__.lstrip('_')}: {e!r}")
         return out
-
-    # ------------------------------------------------------------------ CPU
-    def _cpu(self) -> Iterator[Sample]:
-        current = self._read_cpu_line()
-        if current is None:
-            return
-        for mode in _CPU_COLUMNS:
-            ticks = max(current[mode], self._cpu_ticks.get(mode, 0))
-            self._cpu_ticks[mode] = ticks
-            yield "verl_host_cpu_seconds_total", {"mode": mode}, ticks / USER_HZ
-
-    def _read_cpu_line(self) -> dict[str, int] | None:
-        with open(f"{self.ctx.procfs}/stat") as f:
-            for line in f:
-                if line.startswith("cpu "):
-                    fields = line.split()[1:]
-                    try:
-                        # Kernels before 2.6.11 lack steal: missing trailing columns read as 0.
-                        values = [int(v) for v in fields[: len(_CPU_COLUMNS)]]
-                    except ValueError:
-                        break
-                    values += [0] * (len(_CPU_COLUMNS) - len(values))
-                    return dict(zip(_CPU_COLUMNS, values, strict=True))
-        self.ctx.self_metrics.problem(self.name, "parse", "no readable aggregate cpu line in stat")
-        return None
 
     # ------------------------------------------------------------------ load
     def _load(self) -> Iterator[Sample]:

@@ -63,6 +63,9 @@ class VerlFileFollower:
         self._state = "waiting"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Set once the first poll is done: a restarted sidecar has then recovered the latest values and the
+        # NaN count, and may serve (serving before would show a NaN counter that went back to nothing).
+        self.recovered = threading.Event()
         self._self.set("verl_exporter_source_up", 1, source=SOURCE)
         self._self.inc("verl_exporter_lines_parsed_total", 0, source=SOURCE)
 
@@ -88,6 +91,7 @@ class VerlFileFollower:
                 self.poll()
             except Exception as e:  # never let the thread die: count, log, go on
                 self._fail("unexpected", f"unexpected error following {self.path}: {e!r}")
+            self.recovered.set()
             self._stop.wait(self._poll)
 
     def _fail(self, kind: str, message: str) -> None:
