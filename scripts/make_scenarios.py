@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO / "exporter"))
 from verl_exporter.render.promql import MIN_SAMPLES  # noqa: E402
 from verl_exporter.render.rule_tests import expand  # noqa: E402
 from verl_exporter.render.rules import runbook_url  # noqa: E402
-from verl_exporter.render.templating import quote  # noqa: E402
+from verl_exporter.render.templating import to_yaml  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
 from verl_exporter.spec.rules import Alert, duration_seconds  # noqa: E402
 from verl_exporter.tools.replay import replay_timed  # noqa: E402
@@ -72,6 +72,13 @@ F = 120  # minute at which a failure starts: 2 h in, the 1h baselines have fille
 CLEAN_CHECKS = [5] + list(range(10, END + 1, 10))  # minutes at which the clean runs are checked
 MARGIN = 2  # evaluation intervals between "the alert should fire" and the check
 JOB = "verl"
+
+
+def q(value) -> str:
+    """A YAML scalar, always quoted, as the generator's templates write one."""
+    return to_yaml(value, quoted=True)
+
+
 GIB = 1024**3
 MIB = 1024**2
 GPU_TOTAL = 85520809984  # NVML's total memory of an H100 80GB HBM3 (81559 MiB)
@@ -1242,7 +1249,7 @@ def only_what_the_checks_read(spec, run: Run, checks: list[Check]) -> Run:
 
 def render_group(lines: list[str], name: str, run: Run, checks: list[Check], anchors: dict[Key, tuple],
                  prefix: str | None) -> None:
-    lines.append(f"  - name: {quote(name)}")
+    lines.append(f"  - name: {q(name)}")
     lines.append("    interval: 1m")
     lines.append("    input_series:")
     for k, values in run.series.items():
@@ -1257,10 +1264,10 @@ def render_group(lines: list[str], name: str, run: Run, checks: list[Check], anc
                 raise SystemExit(f"duplicate anchor {anchor}")
             anchors[k] = (text, anchor)
             lines.append(f"      - &{anchor}")
-            lines.append(f"        series: {quote(selector_text(k))}")
+            lines.append(f"        series: {q(selector_text(k))}")
         else:
-            lines.append(f"      - series: {quote(selector_text(k))}")
-        lines.append(f"        values: {quote(text)}")
+            lines.append(f"      - series: {q(selector_text(k))}")
+        lines.append(f"        values: {q(text)}")
     lines.append("    alert_rule_test:")
     for c in sorted(checks, key=lambda c: (c.minute, c.alert)):
         if not c.expected:
@@ -1274,9 +1281,9 @@ def render_group(lines: list[str], name: str, run: Run, checks: list[Check], anc
         lines.append("        exp_alerts:")
         for labels, ann in c.expected:
             lines.append("          - exp_labels:")
-            lines.extend(f"              {k}: {quote(v)}" for k, v in labels.items())
+            lines.extend(f"              {k}: {q(v)}" for k, v in labels.items())
             lines.append("            exp_annotations:")
-            lines.extend(f"              {k}: {quote(v)}" for k, v in ann.items())
+            lines.extend(f"              {k}: {q(v)}" for k, v in ann.items())
 
 
 HEADER = """\
@@ -1296,7 +1303,7 @@ def header_lines(rule_dir: str) -> list[str]:
                     f"until its rule is fixed. {evidence}")
             lines.extend("# " + line for line in textwrap.wrap(text, 110, subsequent_indent="  "))
     lines.append("rule_files:")
-    lines.extend(f"  - {quote(rule_dir + '/' + f)}" for f in RULE_FILES)
+    lines.extend(f"  - {q(rule_dir + '/' + f)}" for f in RULE_FILES)
     lines.append("evaluation_interval: 1m")
     lines.append("tests:")
     return lines
