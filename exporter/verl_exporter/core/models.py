@@ -62,12 +62,37 @@ def key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, in
     return out
 
 
+def duplicate_keys(node, origin: str, path: tuple = ()) -> list[str]:
+    """A key given twice in one mapping, as problems: YAML keeps the last silently, so the first is lost
+    without a word (a spec entry's second `inhibits:` once dropped the first's inhibit this way)."""
+    out: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for k, v in node.value:
+            key, line = k.value, k.start_mark.line + 1
+            if isinstance(k, yaml.ScalarNode) and key != "<<":
+                if key in first:
+                    where_ = ".".join(map(str, (*path, key)))
+                    out.append(f"{origin}:{line}: {where_}: duplicate key (first at line {first[key]}); "
+                               "YAML would keep only this one")
+                first.setdefault(key, line)
+            out += duplicate_keys(v, origin, (*path, key))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out += duplicate_keys(v, origin, (*path, i))
+    return out
+
+
 def parse_yaml(text: str, origin: str, error: type[FileError] = FileError) -> tuple[Any, dict[tuple, int]]:
-    """(document, key lines) of YAML text; a syntax error is one problem of ``error``. The text is parsed
-    once: the document is built from the same node tree the lines come from."""
+    """(document, key lines) of YAML text; a syntax error, or a key given twice in one mapping, is a problem
+    of ``error``. The text is parsed once: the document is built from the same node tree the lines come
+    from."""
     loader = YamlLoader(text)
     try:
         node = loader.get_single_node()
+        duplicates = duplicate_keys(node, origin) if node is not None else []
+        if duplicates:
+            raise error(duplicates, origin)
         doc = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         raise error([f"not valid YAML: {e}"], origin) from None
