@@ -125,14 +125,13 @@ def where(origin: str, lines: dict[tuple, int], path: tuple) -> str:
 _UNION_BRANCH = re.compile(r"^(function-|constrained-str|literal\[|dict\[|list\[|str$|int$|float$|bool$|none$)")
 
 
-def error_path(loc: tuple, aliases: dict[str, str] | None = None) -> tuple:
+def error_path(loc: tuple) -> tuple:
     """A pydantic error location as the document's key path: fields by the names written in the file
     (``for_`` -> ``for``), without pydantic's union-branch and validator names."""
-    aliases = aliases or {}
     out = []
     for part in loc:
         if isinstance(part, str) and part.endswith("_") and not part.startswith("_"):
-            part = aliases.get(part, part[:-1])
+            part = part[:-1]
         if isinstance(part, str) and _UNION_BRANCH.match(part):
             continue
         out.append(part)
@@ -152,11 +151,12 @@ def message(err: dict, path: tuple, hint: Callable[[dict, tuple], str | None] | 
 
 def problems(errors: list[dict], origin: str, lines: dict[tuple, int],
              hint: Callable[[dict, tuple], str | None] | None = None,
-             aliases: dict[str, str] | None = None) -> list[str]:
+             locate: Callable[[tuple], tuple] | None = None) -> list[str]:
     """One line per problem, ``ORIGIN:LINE: key.path: message``, in file order. A value that fits no branch
     of a union is reported by the branch of its own type only (a string where a mapping may also go says
-    what is wrong with the string)."""
-    paths = [error_path(e["loc"], aliases) for e in errors]
+    what is wrong with the string). ``locate`` rewrites a model's error location first (e.g. to drop the
+    tag of a tagged union, which the file does not spell)."""
+    paths = [error_path(locate(e["loc"]) if locate else e["loc"]) for e in errors]
     out: dict[str, int] = {}
     for err, path in zip(errors, paths, strict=True):
         wrong_branch = (err["type"] == "string_type" and isinstance(err["input"], dict)) or \
@@ -176,12 +176,12 @@ def problems(errors: list[dict], origin: str, lines: dict[tuple, int],
 
 def validate(model: type[M], doc: Any, origin: str, lines: dict[tuple, int] | None = None,
              error: type[FileError] = FileError, hint: Callable[[dict, tuple], str | None] | None = None,
-             context: dict | None = None) -> M:
+             context: dict | None = None, locate: Callable[[tuple], tuple] | None = None) -> M:
     """The document as ``model``, or ``error`` listing every problem with its FILE:LINE."""
     try:
         return model.model_validate(doc, context=context)
     except ValidationError as e:
-        raise error(problems(e.errors(), origin, lines or {}, hint), origin) from None
+        raise error(problems(e.errors(), origin, lines or {}, hint, locate), origin) from None
 
 
 def json_schema(model: type[BaseModel], title: str) -> dict:

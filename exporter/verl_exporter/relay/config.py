@@ -23,14 +23,13 @@ from pydantic import (
     Field,
     PlainValidator,
     StringConstraints,
-    ValidationError,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from ..core.models import FileError, StrictModel, json_schema, problems, read_yaml
+from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate
 from ..core.server import parse_listen
 from .actions import Action
 
@@ -510,11 +509,7 @@ def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] |
     targets = doc.get("targets")
     context = {"base_dir": Path(base_dir), "environ": os.environ if environ is None else environ,
                "secrets_needed": secrets_needed, "targets": set(targets) if isinstance(targets, dict) else set()}
-    try:
-        model = RelayFile.model_validate(doc, context=context)
-    except ValidationError as e:
-        errors = [{**err, "loc": _untagged(err["loc"])} for err in e.errors()]
-        raise RelayConfigError(problems(errors, origin, lines or {}, _hint), origin) from None
+    model = validate(RelayFile, doc, origin, lines, RelayConfigError, _hint, context, locate=_untagged)
     return model.config()
 
 
