@@ -257,10 +257,10 @@ def source_of(spec, name: str) -> str:
         return "self (process_*)"
     if name.startswith("verl_unmapped_") or name not in spec:
         return "training"
-    collector = spec[name].collector
-    if collector is None:
-        return "training"
-    return "self (verl_exporter_*)" if collector == "exporter" else collector
+    metric = spec[name]
+    if metric.instrumented_by == "exporter":
+        return "self (verl_exporter_*)"
+    return metric.collector or metric.instrumented_by or "training"
 
 
 def breakdown(spec, text: str) -> dict:

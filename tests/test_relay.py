@@ -654,10 +654,10 @@ def test_metrics_are_declared_in_the_spec_and_count_what_happened(robots, start_
         wait_metric(relay, "verl_relay_messages_total", 1, target=target, result="sent")
     status, _, body = http_get(relay.url + "/metrics")
     text = body.decode()
-    for m in load_spec().for_collector("relay"):
+    for m in load_spec().instrumented("relay"):
         assert f"# HELP {m.name} {m.help}" in text, m.name
     exported = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
-    assert exported == {m.name for m in load_spec().for_collector("relay")}  # nothing named only in code
+    assert exported == {m.name for m in load_spec().instrumented("relay")}  # nothing named only in code
     m = parse_metrics(text)
     assert sample(m, "verl_relay_requests_total", receiver="verl-critical", code="200") == 1
     for target in ("dingtalk", "wecom"):

@@ -56,6 +56,7 @@ def _mutate(path, value):
 
 
 DELETE = object()
+ONE_FEED = "exactly one of source, field, collector, instrumented_by"
 M0 = ("metrics", 0)
 
 BAD_CASES = [
@@ -81,8 +82,11 @@ BAD_CASES = [
     ("target label as label", _mutate(("metrics", 2, "labels"), ["rank"]), "reserved"),
     ("placeholder not declared", _mutate((*M0, "labels"), []), "gives labels ['phase'] but the metric declares []"),
     ("declared label not captured", _mutate((*M0, "labels"), ["phase", "stat"]), "declares ['phase', 'stat']"),
-    ("two kinds of source", _mutate((*M0, "field"), "step"), "exactly one of source, field or collector"),
-    ("no source at all", _mutate((*M0, "source"), DELETE), "exactly one of source, field or collector"),
+    ("two kinds of source", _mutate((*M0, "field"), "step"), ONE_FEED),
+    ("no source at all", _mutate((*M0, "source"), DELETE), ONE_FEED),
+    ("unknown instrumenting part", _mutate(("metrics", 1), {"name": "verl_y", "type": "gauge", "help": "Y.",
+                                                             "layer": "exporter", "instrumented_by": "sidecar"}),
+     "metrics.1.instrumented_by: must be one of 'exporter', 'detector' or 'relay'"),
     ("match and regex", _mutate((*M0, "source"), [{"match": "a/{phase}", "regex": "a/(?P<phase>.+)"}]),
      "exactly one of 'match' or 'regex'"),
     ("regex does not compile", _mutate((*M0, "source"), [{"regex": "a/(?P<phase>.+"}]), "does not compile"),
@@ -192,8 +196,20 @@ def test_problems_across_entries_come_together_with_their_lines(tmp_path):
         f"{path}:15: metrics.0.alerts.0.inhibits.0: inhibits unknown alert 'VerlNone'",
         f"{path}:20: metrics.1.field: field 'step' already feeds 'verl_a'",
         f"{path}:29: metrics.2.detect.0.export: exports steps but verl_detector_steps is not declared "
-        "(collector: detector)",
+        "(instrumented_by: detector)",
     ]
+
+
+def test_every_collector_the_spec_names_exists_and_every_collector_has_metrics():
+    """collector: names a Collector (the sidecar's registered ones and the Monitor's torch); the parts that set
+    metrics from their own code say instrumented_by: and every such part has entries."""
+    from verl_exporter.sidecar.collectors import REGISTRY
+    from verl_exporter.spec import INSTRUMENTED_BY
+    from verl_exporter.trainer.torch_helpers import TorchCollector
+
+    spec = load_spec()
+    assert {m.collector for m in spec.metrics if m.collector} == {*REGISTRY, TorchCollector.name}
+    assert {m.instrumented_by for m in spec.metrics if m.instrumented_by} == set(INSTRUMENTED_BY)
 
 
 def test_spec_file_errors_are_clear(tmp_path):

@@ -268,7 +268,7 @@ def cmd_spec(args) -> int:
         if m.sources:
             feeds = ", ".join(s.pattern for s in m.sources)
         else:
-            feeds = f"field:{m.field}" if m.field else f"collector:{m.collector}"
+            feeds = next(f"{k}:{getattr(m, k)}" for k in ("field", "collector", "instrumented_by") if getattr(m, k))
         rows.append((m.name, m.type, m.unit or "-", m.layer, ",".join(m.labels) or "-", feeds))
     widths = [max(len(r[i]) for r in rows + [("name", "type", "unit", "layer", "labels", "")])
               for i in range(5)]

@@ -1,4 +1,4 @@
-"""The sidecar's own health: counters and gauges declared in the spec with ``collector: exporter``.
+"""The sidecar's own health: counters and gauges declared in the spec with ``instrumented_by: exporter``.
 
 Every problem anywhere in the sidecar goes through ``problem()``: it is counted and logged, and never raised
 into the caller. Per component and kind, the first occurrence is logged with its traceback (when it comes
@@ -22,10 +22,10 @@ _LOG_EVERY_S = 60.0
 
 
 class SpecSeries:
-    """Thread-safe counters and gauges of the spec entries of one collector (names checked on use)."""
+    """Thread-safe counters and gauges of the spec entries one part of the pack sets (names checked on use)."""
 
-    def __init__(self, spec: Spec, collector: str, const_labels: dict[str, str] | None = None):
-        self._metrics = {m.name: m for m in spec.for_collector(collector)}
+    def __init__(self, spec: Spec, instrumented_by: str, const_labels: dict[str, str] | None = None):
+        self._metrics = {m.name: m for m in spec.instrumented(instrumented_by)}
         self._values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self._metrics}
         self._lock = threading.Lock()
         self._const = dict(const_labels or {})

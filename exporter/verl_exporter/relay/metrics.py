@@ -1,4 +1,4 @@
-"""The relay's own metrics, declared in the spec with ``collector: relay`` and served from its own registry.
+"""The relay's own metrics, declared in the spec with ``instrumented_by: relay`` and served from its own registry.
 
 Label values that callers choose (the receiver in the URL path) are capped, so a misconfigured or hostile
 sender cannot grow the series count without bound.

@@ -41,6 +41,10 @@ PLACEHOLDER_RE = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
 TYPES = ("gauge", "counter")
 LAYERS = ("data", "compute", "resource", "fault", "exporter")
 FIELDS = ("step", "step_time", "nonfinite")
+# What feeds a metric: exactly one of these keys of its entry.
+FEEDS = ("source", "field", "collector", "instrumented_by")
+# The parts of the pack that set metrics from their own code (not through a collector).
+INSTRUMENTED_BY = ("exporter", "detector", "relay")
 # Base units a name may end with (Prometheus conventions: seconds, bytes, ratios 0-1).
 UNITS = ("", "seconds", "bytes", "ratio", "tokens", "tokens_per_second", "bytes_per_second", "joules", "watts",
          "celsius", "hertz")
@@ -97,7 +101,8 @@ class MetricSpec:
     labels: tuple[str, ...]
     sources: tuple[SourceRule, ...] = ()
     field: str | None = None
-    collector: str | None = None
+    collector: str | None = None  # a collector (sidecar/collectors, the Monitor's torch) fills it
+    instrumented_by: str | None = None  # or code sets it directly (INSTRUMENTED_BY)
     max_series: int = 64
     alerts: tuple[Alert, ...] = ()
     panels: tuple[Panel, ...] = ()
@@ -121,6 +126,8 @@ class MetricSpec:
             out["field"] = self.field
         if self.collector:
             out["collector"] = self.collector
+        if self.instrumented_by:
+            out["instrumented_by"] = self.instrumented_by
         if self.alerts:
             out["alerts"] = [a.alert for a in self.alerts]
         if self.panels:
@@ -180,6 +187,10 @@ class Spec:
 
     def for_collector(self, collector: str) -> list[MetricSpec]:
         return [m for m in self.metrics if m.collector == collector]
+
+    def instrumented(self, by: str) -> list[MetricSpec]:
+        """The entries one part of the pack sets directly (one of INSTRUMENTED_BY)."""
+        return [m for m in self.metrics if m.instrumented_by == by]
 
 
 def _compile_match(pattern: str) -> re.Pattern | None:
@@ -284,7 +295,11 @@ class MetricEntry(StrictModel):
     labels: list[LabelName] = Field(default_factory=list, description="bounded: fixed values or max_series")
     source: list[SourceEntry] | None = Field(None, min_length=1, description="the verl keys that feed it")
     field: Literal[FIELDS] | None = Field(None, description="a field of the line itself")
-    collector: LabelName | None = Field(None, description="a collector of the sidecar fills it")
+    collector: LabelName | None = Field(None, description="a collector fills it: the sidecar's "
+                                                          "(sidecar/collectors/<name>.py) or the Monitor's torch")
+    instrumented_by: Literal[INSTRUMENTED_BY] | None = Field(
+        None, description="code of the pack sets it directly: exporter (the sidecar's own health), detector (its "
+                          "adaptive detectors), relay (the relay's own health)")
     max_series: int | None = Field(None, ge=1, description="cap on label-value combinations (default: "
                                                             "defaults.max_series)")
     alerts: list[AlertEntry] = Field(default_factory=list)
@@ -356,16 +371,17 @@ class MetricEntry(StrictModel):
 
     @model_validator(mode="after")
     def _one_feed(self) -> MetricEntry:
-        kinds = [k for k in ("source", "field", "collector") if getattr(self, k) is not None]
+        kinds = [k for k in FEEDS if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"give exactly one of source, field or collector (got {kinds or 'none'})")
+            raise ValueError(f"give exactly one of {', '.join(FEEDS)} (got {kinds or 'none'})")
         return self
 
     def to_metric(self, default_max_series: int) -> MetricSpec:
         return MetricSpec(
             name=self.name, type=self.type, unit=self.unit, help=" ".join(self.help.split()), layer=self.layer,
             labels=tuple(self.labels), sources=tuple(s.to_rule() for s in self.source or ()), field=self.field,
-            collector=self.collector, max_series=self.max_series or default_max_series,
+            collector=self.collector, instrumented_by=self.instrumented_by,
+            max_series=self.max_series or default_max_series,
             alerts=tuple(a.to_alert(self.name) for a in self.alerts),
             panels=tuple(p.to_panel(self.name) for p in self.panels),
             record=tuple(r for r in self.record if isinstance(r, str)),
@@ -407,7 +423,7 @@ class SpecFile(StrictModel):
             first = seen.setdefault((what, name), owner)
             return None if first == owner else first
 
-        detector_gauges = {m.name for m in self.metrics if m.collector == "detector"}
+        detector_gauges = {m.name for m in self.metrics if m.instrumented_by == "detector"}
         for i, m in enumerate(self.metrics):
             at = ("metrics", i)
             if clash("metric", m.name, i) is not None:
@@ -427,7 +443,7 @@ class SpecFile(StrictModel):
                 if clash("signal", d.signal, (i, j)) is not None:
                     out.append(((*at, "detect", j, "signal"), f"signal {d.signal!r} is declared twice"))
                 out += [((*at, "detect", j, "export"), f"exports {stat} but verl_detector_{stat} is not declared "
-                         "(collector: detector)") for stat in d.to_signal(m.name).export
+                         "(instrumented_by: detector)") for stat in d.to_signal(m.name).export
                         if f"verl_detector_{stat}" not in detector_gauges]
         alerts = [(("metrics", i, "alerts", j), a) for i, m in enumerate(self.metrics) for j, a in enumerate(m.alerts)]
         alerts += [(("alerts", j), a) for j, a in enumerate(self.alerts)]
