@@ -679,8 +679,8 @@ def scenarios() -> list[Scenario]:
                       "the first exploding step to be logged (over 10x the window's largest)", lambda m: inst(r, m))
 
     def nonfinite_expect(run: Run, alert: str, metric: str, why: str) -> Expect:
-        c = run.s(NONFINITE, metric=metric)
-        return Expect(alert, run.out_labels(NONFINITE, metric=metric), lambda m: born_or_increased(c, m), why)
+        c = run.s(NONFINITE, metric_name=metric)
+        return Expect(alert, run.out_labels(NONFINITE, metric_name=metric), lambda m: born_or_increased(c, m), why)
 
     add("nan-grad-norm", "the gradient norm explodes over 5 steps, then is NaN (null) for 3 steps",
         Fault(state=after(F, grad_explodes)),
