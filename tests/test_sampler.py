@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import parse_metrics, sample, wait_for
+from conftest import http_get, parse_metrics, sample, wait_for
 from fake_pynvml import make_context
 from verl_exporter.sidecar import collectors
 from verl_exporter.sidecar.collectors.base import Collector
@@ -168,3 +168,57 @@ def test_importing_the_package_registers_every_collector_once():
     assert out == sorted(collectors.REGISTRY) == sorted(cls.name for cls in collectors.REGISTRY.values())
     assert len(out) == len(registering) == 11, (out, registering)
     assert not hasattr(collectors, "load_all")
+
+
+class SlowFirst(Collector):
+    """A first sample that takes a while (NVML's first init, a checkpoint's first walk); hangs when told to."""
+
+    name = "host"
+
+    def __init__(self, ctx, delay: float, hang: threading.Event | None = None):
+        super().__init__(ctx)
+        self.delay, self.hang = delay, hang
+
+    def sample(self):
+        time.sleep(self.delay)
+        if self.hang is not None:
+            self.hang.wait(60)
+        return [("verl_host_load_average", {"period": "1m"}, 0.5)]
+
+
+def _sidecar_with(collector_factory):
+    from verl_exporter.sidecar.config import build_config
+    from verl_exporter.sidecar.sidecar import Sidecar
+
+    config = build_config({}, {"listen": "127.0.0.1:0", "run": "r", "rank": 0,
+                               "collectors": {name: False for name in collectors.REGISTRY}}, origin="test")
+    sidecar = Sidecar(config)
+    sidecar.sampler.add(collector_factory(sidecar.context()))
+    return sidecar
+
+
+def test_a_started_sidecar_answers_its_first_scrape_with_its_collectors_series():
+    """A first scrape without a collector's series reads as a gap (and an absent() alert's clock starting)."""
+    sidecar = _sidecar_with(lambda ctx: SlowFirst(ctx, delay=0.5)).start()
+    try:
+        _, _, body = http_get(sidecar.server.url + "/metrics")
+        assert sample(parse_metrics(body.decode()), "verl_host_load_average", period="1m") == 0.5
+    finally:
+        sidecar.stop()
+
+
+def test_a_collector_stuck_on_its_first_sample_delays_serving_only_a_bounded_time(monkeypatch):
+    from verl_exporter.sidecar import sidecar as sidecar_module
+
+    monkeypatch.setattr(sidecar_module, "FIRST_SAMPLE_WAIT_S", 0.3)
+    hang = threading.Event()
+    sidecar = _sidecar_with(lambda ctx: SlowFirst(ctx, delay=0.0, hang=hang))
+    started = time.monotonic()
+    sidecar.start()
+    try:
+        assert time.monotonic() - started < 5
+        status, _, body = http_get(sidecar.server.url + "/metrics")
+        assert status == 200 and b"verl_exporter_build_info" in body and b"verl_host_load_average" not in body
+    finally:
+        hang.set()
+        sidecar.stop()

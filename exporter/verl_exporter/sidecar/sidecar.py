@@ -23,6 +23,7 @@ from .store import TrainingStore
 
 log = logging.getLogger(__name__)
 RECOVERY_WAIT_S = 30.0  # the longest a restarted sidecar waits for its log's recovery before it serves
+FIRST_SAMPLE_WAIT_S = 5.0  # the longest it waits for its collectors' first samples (a checkpoint hash can be slow)
 
 
 class Sidecar:
@@ -133,8 +134,12 @@ class Sidecar:
             if not self.follower.recovered.wait(RECOVERY_WAIT_S):
                 log.warning("still recovering from %s after %.0f s; serving meanwhile", self.config.verl_log,
                             RECOVERY_WAIT_S)
-        self.server.start()
+        # Sample once before serving too: a first scrape without the GPU series would read as a gap.
         self.sampler.start()
+        if still := self.sampler.wait_first_samples(FIRST_SAMPLE_WAIT_S):
+            log.warning("collectors %s still on their first sample after %.0f s; serving meanwhile",
+                        ", ".join(still), FIRST_SAMPLE_WAIT_S)
+        self.server.start()
         log.info("verl-exporter serving on %s/metrics%s", self.server.url,
                  f", following {self.config.verl_log}" if self.config.verl_log else "")
         return self

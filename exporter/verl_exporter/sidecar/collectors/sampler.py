@@ -40,6 +40,7 @@ class Sampler:
         self._latest: dict[str, tuple[dict, dict, dict]] = {c.name: ({}, {}, {}) for c in self.collectors}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._sampled: dict[str, threading.Event] = {}  # collector name -> set once its first sample is done
         self._started = False
 
     def start(self) -> Sampler:
@@ -55,7 +56,16 @@ class Sampler:
         if self._started:
             self._start_thread(c)
 
+    def wait_first_samples(self, timeout: float) -> list[str]:
+        """Wait until every collector has sampled once (each on its own thread), at most timeout seconds in all;
+        the names of those still sampling."""
+        deadline = time.monotonic() + timeout
+        for event in list(self._sampled.values()):
+            event.wait(max(0.0, deadline - time.monotonic()))
+        return [name for name, event in self._sampled.items() if not event.is_set()]
+
     def _start_thread(self, c: Collector) -> None:
+        self._sampled[c.name] = threading.Event()
         t = threading.Thread(target=self._loop, args=(c,), name=f"verl-exporter-{c.name}", daemon=True)
         t.start()
         self._threads.append(t)
@@ -77,6 +87,7 @@ class Sampler:
             if slow:
                 next_slow = time.monotonic() + self._slow_interval
             self.run_once(c, slow=slow)
+            self._sampled[c.name].set()
             self._stop.wait(self._interval)
 
     def run_once(self, c: Collector, slow: bool = True) -> bool:
