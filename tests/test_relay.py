@@ -31,6 +31,7 @@ from conftest import (
     sample,
     wait_for,
 )
+from pydantic import SecretStr
 from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay import app as relay_app
 from verl_exporter.relay.app import Relay
@@ -189,7 +190,8 @@ def test_secrets_load_from_env_or_file_and_never_print(tmp_path):
     doc = {"targets": {"w": {"type": "wecom", "token_file": "key"}}, "routes": [{"targets": ["w"]}]}
     config = parse_config(doc, base_dir=tmp_path, environ={})
     token = config.targets["w"].token
-    assert token.reveal() == WKEY and token.source == f"file {tmp_path / 'key'}"
+    assert token.get_secret_value() == WKEY and token.source == f"file {tmp_path / 'key'}"
+    assert isinstance(token, SecretStr)  # the library's secret type: pydantic never dumps it either
     assert str(token) == repr(token) == f"{token}" == "<secret>"
     assert WKEY not in repr(config) and "<secret>" in repr(config)
     with pytest.raises(TypeError):
@@ -237,7 +239,7 @@ def test_a_secret_never_shows_in_the_loaded_config_nor_in_a_problem(tmp_path):
     config = parse_config(doc, environ=ENV)
     for text in (repr(config), str(config), repr(config.targets["dt"]), repr(config.bearer_token)):
         assert not any(secret in text for secret in SECRETS), text
-    assert config.targets["dt"].secret.reveal() == SECRET  # still there for the sender
+    assert config.targets["dt"].secret.get_secret_value() == SECRET  # still there for the sender
     # a secret pasted where its variable's name or its file goes, or into the URL: refused without echoing it
     (tmp_path / "empty").write_text("\n")
     bad = {"bearer_token_env": WEBHOOK,

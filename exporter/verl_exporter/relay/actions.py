@@ -47,7 +47,7 @@ class Action:
         return all(m.matches(labels) for m in self.matchers)
 
     def secrets(self) -> list[str]:
-        return [self.token.reveal()] if self.token is not None and self.token.reveal() else []
+        return [self.token.get_secret_value()] if self.token is not None and self.token.get_secret_value() else []
 
 
 class ActionRunner:
@@ -115,7 +115,7 @@ class ActionRunner:
             if attempt > 1:  # back off between attempts, never after the last one
                 self._sleep(min(2 ** (attempt - 1), 10))
             req = urllib.request.Request(where, data=body, method="POST",
-                                         headers={"Authorization": f"Bearer {act.token.reveal()}",
+                                         headers={"Authorization": f"Bearer {act.token.get_secret_value()}",
                                                   "Content-Type": "application/json"})
             try:
                 with OPENER.open(req, timeout=self._timeout) as resp:

@@ -126,7 +126,7 @@ class RelayApp:
         token = self.config.bearer_token
         if token is None:
             return True
-        return bearer_token_ok(environ.get("HTTP_AUTHORIZATION"), token.reveal())
+        return bearer_token_ok(environ.get("HTTP_AUTHORIZATION"), token.get_secret_value())
 
     def _health(self, start_response):
         targets = {}

@@ -3,9 +3,10 @@
 The models say what the file may hold (``verl-exporter schema relay`` writes their JSON Schema); every problem of
 a file is reported at once as ``FILE:LINE: key.path: message``, unknown keys included. Secrets (robot tokens,
 DingTalk signing secrets, the webhook bearer token, action tokens) are given as ``*_env`` (a variable's name)
-or ``*_file`` (a path) and read while the file is validated into ``Secret``, which prints as ``<secret>``: a
-config object can be logged, repr'd or put in an exception safely, and a message names the variable or file,
-never a value. The validated file becomes a ``RelayConfig`` of plain dataclasses that the relay runs on.
+or ``*_file`` (a path) and read while the file is validated into ``Secret`` (pydantic's SecretStr), which
+prints as ``<secret>``: a config object can be logged, repr'd or put in an exception safely, and a message names
+the variable or file, never a value. The validated file becomes a ``RelayConfig`` of plain dataclasses that the
+relay runs on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pydantic import (
     AfterValidator,
     Field,
     PlainValidator,
+    SecretStr,
     StringConstraints,
     ValidationInfo,
     WithJsonSchema,
@@ -54,22 +56,19 @@ class RelayConfigError(FileError):
     """A config that cannot be used; ``problems`` lists every problem, each with its place."""
 
 
-class Secret:
-    """A credential. str/repr/format print ``<secret>``; only ``reveal()`` gives the value."""
-
-    __slots__ = ("_value", "source")
+class Secret(SecretStr):
+    """A credential: pydantic's SecretStr (only ``get_secret_value()`` gives the value) that says where it came
+    from, prints as ``<secret>`` like the log scrubber's replacement, and cannot be pickled."""
 
     def __init__(self, value: str, source: str = ""):
-        self._value = value
+        super().__init__(value)
         self.source = source  # where it came from ("env DINGTALK_TOKEN"): safe to print
 
-    def reveal(self) -> str:
-        return self._value
+    def _display(self) -> str:
+        return "<secret>"
 
     def __repr__(self) -> str:
         return "<secret>"
-
-    __str__ = __repr__
 
     def __reduce__(self):  # pickling would copy the value somewhere we do not control
         raise TypeError("a Secret cannot be pickled")
@@ -99,7 +98,7 @@ class Target:
 
     def secrets(self) -> list[str]:
         """The values to scrub from any text before it is logged."""
-        return [s.reveal() for s in (self.token, self.secret) if s is not None and s.reveal()]
+        return [s.get_secret_value() for s in (self.token, self.secret) if s is not None and s.get_secret_value()]
 
     @property
     def robot(self) -> str:
@@ -177,8 +176,8 @@ class RelayConfig:
 
     def secrets(self) -> list[str]:
         values = [v for t in self.targets.values() for v in t.secrets()]
-        if self.bearer_token is not None and self.bearer_token.reveal():
-            values.append(self.bearer_token.reveal())
+        if self.bearer_token is not None and self.bearer_token.get_secret_value():
+            values.append(self.bearer_token.get_secret_value())
         values += [v for a in self.actions for v in a.secrets()]
         return values
 

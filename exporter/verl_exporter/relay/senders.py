@@ -90,11 +90,11 @@ class RobotSender:
 
     def url(self) -> str:
         """The request URL: the token, and for a signed DingTalk robot a fresh timestamp and signature."""
-        params = {TOKEN_PARAM[self.target.type]: self.target.token.reveal()}
+        params = {TOKEN_PARAM[self.target.type]: self.target.token.get_secret_value()}
         if self.target.type == "dingtalk" and self.target.secret is not None:
             ts = int(self.clock() * 1000)
             params["timestamp"] = str(ts)
-            params["sign"] = dingtalk_sign(self.target.secret.reveal(), ts)
+            params["sign"] = dingtalk_sign(self.target.secret.get_secret_value(), ts)
         sep = "&" if "?" in self.target.url else "?"
         return f"{self.target.url}{sep}{urlencode(params)}"
 
