@@ -86,7 +86,7 @@ FS_SIZE = 7001593487360  # the nodes' local NVMe holding /ckpt
 CKPT_PATH = "/ckpt"
 DISK = "nvme0n1"
 DISK_IO_TIME_AT_START = 51234.5  # seconds of I/O time since the node booted, when the sidecars start
-VAL_LABELS = {"kind": "core", "data_source": "openai/gsm8k", "variable": "reward", "metric": "mean@1"}
+VAL_LABELS = {"kind": "core", "data_source": "openai/gsm8k", "variable": "reward", "stat": "mean@1"}
 CHECKPOINT_GRACE_S = 900  # the sidecar's default --checkpoint-grace
 KEEP_CHECKPOINTS = 3  # trainer.max_actor_ckpt_to_keep
 LINKS = ("0", "1", "2", "3")  # NVLink links exported per GPU (an H100 has 18; four keep the file small)
@@ -679,8 +679,8 @@ def scenarios() -> list[Scenario]:
                       "the first exploding step to be logged (over 10x the window's largest)", lambda m: inst(r, m))
 
     def nonfinite_expect(run: Run, alert: str, metric: str, why: str) -> Expect:
-        c = run.s(NONFINITE, metric_name=metric)
-        return Expect(alert, run.out_labels(NONFINITE, metric_name=metric), lambda m: born_or_increased(c, m), why)
+        c = run.s(NONFINITE, metric=metric)
+        return Expect(alert, run.out_labels(NONFINITE, metric=metric), lambda m: born_or_increased(c, m), why)
 
     add("nan-grad-norm", "the gradient norm explodes over 5 steps, then is NaN (null) for 3 steps",
         Fault(state=after(F, grad_explodes)),

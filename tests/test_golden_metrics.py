@@ -117,7 +117,7 @@ def test_the_masked_values_are_the_only_ones_that_vary(tmp_path):
 
 def test_the_golden_file_covers_every_kind_of_series():
     text = GOLDEN.read_text(encoding="utf-8")
-    for needle in ("# TYPE verl_training_step gauge", "verl_training_nonfinite_values_total{metric_name=",
+    for needle in ("# TYPE verl_training_step gauge", "verl_training_nonfinite_values_total{metric=",
                    "verl_unmapped_custom_my_metric", "verl_host_cpu_seconds_total{mode=\"iowait\"",
                    "verl_host_disk_io_time_seconds_total{device=\"nvme0n1\"", "verl_gpu_utilization_ratio{",
                    "verl_gpu_nvlink_link_up{", "verl_checkpoint_latest_step", "verl_exporter_build_info{",

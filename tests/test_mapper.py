@@ -47,8 +47,8 @@ EXPECTED = {
     "perf/cpu_memory_used_gb": ("verl_perf_cpu_memory_used_bytes", {}, GIB),
     "training/global_step": ("verl_training_global_step", {}, 1),
     "training/epoch": ("verl_training_epoch", {}, 1),
-    "training/off_policy/is_weight_mean": ("verl_training_off_policy", {"metric": "is_weight_mean"}, 1),
-    "training/filter_groups/num_gen_batches": ("verl_training_filter_groups", {"metric": "num_gen_batches"}, 1),
+    "training/off_policy/is_weight_mean": ("verl_training_off_policy", {"quantity": "is_weight_mean"}, 1),
+    "training/filter_groups/num_gen_batches": ("verl_training_filter_groups", {"quantity": "num_gen_batches"}, 1),
     "training/rollout_failure/evicted_samples": ("verl_training_rollout_evicted_samples", {}, 1),
     "rollout/spec_accept_rate": ("verl_rollout_spec_accept_rate_ratio", {}, 1),
     "rollout/spec_accept_length": ("verl_rollout_spec_accept_length_tokens", {}, 1),
@@ -60,15 +60,15 @@ EXPECTED = {
     "train/total_tokens(B)": ("verl_sft_consumed_tokens", {}, 1e9),
     "val-core/openai/gsm8k/reward/mean@4": (
         "verl_validation_score",
-        {"kind": "core", "data_source": "openai/gsm8k", "variable": "reward", "metric": "mean@4"}, 1),
+        {"kind": "core", "data_source": "openai/gsm8k", "variable": "reward", "stat": "mean@4"}, 1),
     "val-core/openai/gsm8k/acc/best@4/mean": (
         "verl_validation_score",
-        {"kind": "core", "data_source": "openai/gsm8k", "variable": "acc", "metric": "best@4/mean"}, 1),
+        {"kind": "core", "data_source": "openai/gsm8k", "variable": "acc", "stat": "best@4/mean"}, 1),
     "val-aux/lighteval/MATH/reward/maj@8/std": (
         "verl_validation_score",
-        {"kind": "aux", "data_source": "lighteval/MATH", "variable": "reward", "metric": "maj@8/std"}, 1),
+        {"kind": "aux", "data_source": "lighteval/MATH", "variable": "reward", "stat": "maj@8/std"}, 1),
     "val-aux/gsm8k/score/custom": (
-        "verl_validation_score", {"kind": "aux", "data_source": "gsm8k", "variable": "score", "metric": "custom"}, 1),
+        "verl_validation_score", {"kind": "aux", "data_source": "gsm8k", "variable": "score", "stat": "custom"}, 1),
     "val-aux/num_turns/max": ("verl_validation_num_turns", {"stat": "max"}, 1),
 }
 

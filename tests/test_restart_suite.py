@@ -48,7 +48,7 @@ class Writer(threading.Thread):
 
 def scrape(side: ServeProcess) -> tuple[float | None, float]:
     m = side.metrics()
-    return sample(m, "verl_training_step"), sample(m, NONFINITE, metric_name="verl_actor_grad_norm") or 0.0
+    return sample(m, "verl_training_step"), sample(m, NONFINITE, metric="verl_actor_grad_norm") or 0.0
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -103,7 +103,7 @@ def test_kills_and_restarts_during_a_run_lose_nothing_and_page_for_nothing(tmp_p
         if s[1] > next((v for v in reversed(values) if isinstance(v, float)), 0.0):
             real_nan_minutes.append(len(values))
         values.append(s[1])
-    labels = 'job="verl", instance="n:9477", run="r", rank="0", metric_name="verl_actor_grad_norm"'
+    labels = 'job="verl", instance="n:9477", run="r", rank="0", metric="verl_actor_grad_norm"'
     expr = nonfinite_alert_exprs()["VerlNonFiniteGradNorm"]
     fired = firing_minutes(tmp_path, f"{NONFINITE}{{{labels}}}", values, expr, range(len(values)))
     for m in fired:

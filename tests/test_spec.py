@@ -22,7 +22,7 @@ def good_doc() -> dict:
              "labels": ["phase"], "source": [{"match": "timing_s/{phase}"}]},
             {"name": "verl_y", "type": "gauge", "help": "Y.", "layer": "data", "field": "step"},
             {"name": "verl_nf_total", "type": "counter", "help": "NF.", "layer": "fault",
-             "labels": ["metric_name"], "field": "nonfinite"},
+             "labels": ["metric"], "field": "nonfinite"},
             {"name": "verl_ts_timestamp_seconds", "type": "gauge", "unit": "seconds", "help": "T.",
              "layer": "data", "field": "step_time"},
         ],

@@ -53,15 +53,15 @@ def test_null_is_nan_and_counted(parts):
     m = scrape(registry)
     assert math.isnan(sample(m, "verl_actor_grad_norm"))
     assert sample(m, "verl_critic_score", stat="mean") == math.inf
-    assert sample(m, "verl_training_nonfinite_values_total", metric_name="verl_actor_grad_norm") == 1
-    assert sample(m, "verl_training_nonfinite_values_total", metric_name="verl_critic_score") == 1
+    assert sample(m, "verl_training_nonfinite_values_total", metric="verl_actor_grad_norm") == 1
+    assert sample(m, "verl_training_nonfinite_values_total", metric="verl_critic_score") == 1
     assert sample(m, "verl_training_step") == 2
     assert sample(m, "verl_training_last_step_timestamp_seconds") == 101.0
     # A later finite value replaces the NaN; the counter keeps the history.
     store.ingest(3, {"actor/grad_norm": 0.4}, 102.0)
     m = scrape(registry)
     assert sample(m, "verl_actor_grad_norm") == 0.4
-    assert sample(m, "verl_training_nonfinite_values_total", metric_name="verl_actor_grad_norm") == 1
+    assert sample(m, "verl_training_nonfinite_values_total", metric="verl_actor_grad_norm") == 1
 
 
 def test_units_are_converted_and_constant_labels_added(parts):

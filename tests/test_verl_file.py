@@ -299,7 +299,7 @@ def test_a_sidecar_restart_raises_no_nan_alert_in_a_promtool_replay(make, tmp_pa
         fh.write(nan_run(1, {1}))
     restarted.poll()
     later = store2.nonfinite_counts()["verl_actor_grad_norm"]
-    series = f'{NONFINITE}{{job="verl", instance="n:9477", run="r", rank="0", metric_name="verl_actor_grad_norm"}}'
+    series = f'{NONFINITE}{{job="verl", instance="n:9477", run="r", rank="0", metric="verl_actor_grad_norm"}}'
     # 20 quiet minutes after the NaNs, the restart, 30 minutes on the recovered count, then one new NaN.
     values = restart_values([before] * 20, down_minutes, [after] * 30 + [later] * 5)
     restart_at, new_nan_at = 20 + down_minutes, 20 + down_minutes + 30

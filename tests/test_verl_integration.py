@@ -35,11 +35,11 @@ def test_real_verl_file_logger_to_metrics(tmp_path, serve, monkeypatch):
     m = side.metrics()
     assert math.isnan(sample(m, "verl_actor_grad_norm", run="verl-it", rank="0"))
     assert math.isnan(sample(m, "verl_actor_pg_loss"))  # verl writes Inf as null too
-    assert sample(m, "verl_training_nonfinite_values_total", metric_name="verl_actor_grad_norm") == 1
+    assert sample(m, "verl_training_nonfinite_values_total", metric="verl_actor_grad_norm") == 1
     assert sample(m, "verl_timing_seconds", phase="gen") == 17.0
     assert sample(m, "verl_critic_score", stat="mean") == 0.6
     assert sample(m, "verl_perf_max_memory_allocated_bytes") == 1.5 * 1024**3
-    assert sample(m, "verl_validation_score", kind="core", data_source="openai/gsm8k", metric="mean@4") == 0.7
+    assert sample(m, "verl_validation_score", kind="core", data_source="openai/gsm8k", stat="mean@4") == 0.7
 
     # A restarted run: verl opens the same path with "wb" and truncates it.
     tracker.finish()

@@ -114,7 +114,7 @@ def alert_expr(alert: Alert, sel: str) -> str:
             inner = f"{alert.aggregate} ({inner})"
         return f"{inner} {alert.op} {_num(alert.threshold)}"
     if alert.kind == "nonfinite":
-        counter = vector(NONFINITE, sel, f'metric_name="{alert.metric}"')
+        counter = vector(NONFINITE, sel, f'metric="{alert.metric}"')
         w = alert.window if alert.window != "30m" else "10m"
         # The sidecar rebuilds this counter from the file after a restart, so a value that differs from the
         # last one before a gap (a sidecar down for longer than w) means NaNs logged in the gap; the same
@@ -206,7 +206,7 @@ def output_labels(alert: Alert, series_labels: dict[str, str], sel: str) -> dict
         keep = [x.strip() for x in by.group(1).split(",")] if by else []
         return {k: v for k, v in series_labels.items() if k in keep}
     if alert.kind == "nonfinite":
-        return {**series_labels, "metric_name": alert.metric}
+        return {**series_labels, "metric": alert.metric}
     return dict(series_labels)
 
 

@@ -120,7 +120,7 @@ def case_for(spec: Spec, alert: Alert) -> dict:
         value = bad
     elif alert.kind == "nonfinite":
         name = "verl_training_nonfinite_values_total"
-        series_labels = {**sel_labels, **BASE_LABELS, "metric_name": alert.metric}
+        series_labels = {**sel_labels, **BASE_LABELS, "metric": alert.metric}
         # one NaN fires an alert without `for`; with one (an override), NaNs must keep coming
         keep = duration_seconds(alert.for_) > 0
         values = [0.0] * SHIFT + [float(i + 1) if keep else 1.0 for i in range(total - SHIFT)]
