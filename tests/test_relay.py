@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -708,7 +709,9 @@ def _burst(dt, wc, relay, minute: float) -> None:
     assert all(b - a >= minute * 0.999 for a, b in zip(times, times[20:], strict=False))
     print(f"\nburst: 1000 alerts posted in {posted:.2f}s, delivered in {len(dt.messages)} messages "
           f"after {took:.2f}s (window {minute}s = one simulated minute)")
-    assert len(dt.messages) <= 40
+    # Merged: at most 20 messages for each window the posting spanned, plus one window to drain the rest (40
+    # when the 1,000 arrive within one window; a loaded machine may take longer to post them).
+    assert len(dt.messages) <= 20 * (math.ceil(posted / minute) + 1)
 
 
 # ---------------------------------------------------------------- the command line
