@@ -87,6 +87,9 @@ BAD_CASES = [
     ("unknown instrumenting part", _mutate(("metrics", 1), {"name": "verl_y", "type": "gauge", "help": "Y.",
                                                              "layer": "exporter", "instrumented_by": "sidecar"}),
      "metrics.1.instrumented_by: must be one of 'exporter', 'detector' or 'relay'"),
+    ("the sidecar's health named as a collector", _mutate(("metrics", 1), {
+        "name": "verl_y", "type": "gauge", "help": "Y.", "layer": "exporter", "collector": "exporter"}),
+     "metrics.1.collector: exporter is not a collector: write instrumented_by: exporter"),
     ("match and regex", _mutate((*M0, "source"), [{"match": "a/{phase}", "regex": "a/(?P<phase>.+)"}]),
      "exactly one of 'match' or 'regex'"),
     ("regex does not compile", _mutate((*M0, "source"), [{"regex": "a/(?P<phase>.+"}]), "does not compile"),

@@ -314,6 +314,13 @@ class MetricEntry(StrictModel):
             raise ValueError(f"the prefix {UNMAPPED_PREFIX} is reserved for unmapped keys")
         return name
 
+    @field_validator("collector")
+    @classmethod
+    def _a_collector(cls, collector: str | None) -> str | None:
+        if collector in INSTRUMENTED_BY:  # how the spec said it before instrumented_by existed
+            raise ValueError(f"{collector} is not a collector: write instrumented_by: {collector}")
+        return collector
+
     @field_validator("type")
     @classmethod
     def _type_fits_name(cls, mtype: str, info: ValidationInfo) -> str:
