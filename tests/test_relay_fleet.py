@@ -147,6 +147,20 @@ def test_compact_lists_stay_short_whatever_the_values():
     assert compact([f"node{i:03d}" for i in (1, 2, 3, 10)]) == "node{001–003,010}"
 
 
+def test_preview_shows_the_summary_the_live_relay_would_post():
+    from verl_exporter.relay.payload import parse_payload
+    from verl_exporter.relay.preview import preview
+
+    config = parse_config({"targets": {"c": {"type": "console", "style": "wecom"}}, "routes": [{"targets": ["c"]}]})
+    body = {"version": "4", "status": "firing", "receiver": "verl-critical", "truncatedAlerts": 3896,
+            "alerts": [down(i).to_dict() for i in range(200)]}
+    lines: list[str] = []
+    assert preview(config, parse_payload(json.dumps(body)), out=lines.append) == 0
+    text = "\n".join(lines)
+    assert "200 alert(s) in 1 message(s)" in text and "4,096 alerts of VerlExporterDown" in text
+    assert "3,896 more ranks" in text
+
+
 # ---------------------------------------------------------------- through a real Alertmanager
 @pytest.mark.integration
 def test_4096_ranks_down_through_a_real_alertmanager_reach_both_robots_as_one_message(tmp_path):
