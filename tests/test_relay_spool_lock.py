@@ -82,6 +82,7 @@ def test_a_second_relay_on_the_same_spool_dir_refuses_to_start_and_nothing_accep
         # --check-config says so too, and does not keep the lock: the first relay is untouched
         check = subprocess.run([sys.executable, "-m", "verl_exporter", "relay", "--config", str(two_cfg),
                                 "--check-config"], env=ENV, capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, check.stderr  # a note: also how one checks the running relay's config
         assert str(spool) in check.stderr and f"pid {one.pid}" in check.stderr, check.stderr
         assert _up(one_url, one)
 

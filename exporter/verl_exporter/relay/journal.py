@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 JOURNAL = "relay-journal.jsonl"
 LOCK = "relay.lock"
+LOCK_WAIT_SECONDS = 1.0
 # Attempts remembered per target: more than any robot allows in one window.
 KEEP_TRIES = 100
 COMPACT_LINES = 1000
@@ -75,15 +76,21 @@ class SpoolLock:
         """Take the lock; SpoolError naming the directory (and the holder's pid) when another relay has it."""
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _pid_in(fd)
-            os.close(fd)
-            raise SpoolError(_in_use(self.dir, holder)) from None
-        except OSError:
-            os.close(fd)
-            raise
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:  # a --check-config looking at it holds it for an instant
+                    time.sleep(0.05)
+                    continue
+                holder = _pid_in(fd)
+                os.close(fd)
+                raise SpoolError(_in_use(self.dir, holder)) from None
+            except OSError:
+                os.close(fd)
+                raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
