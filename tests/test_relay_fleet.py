@@ -10,6 +10,7 @@ count and the ranks, and says how many Alertmanager left out.
 from __future__ import annotations
 
 import json
+import urllib.request
 from datetime import datetime, timedelta, timezone
 from urllib.parse import quote_plus, urlsplit
 
@@ -159,6 +160,39 @@ def test_preview_shows_the_summary_the_live_relay_would_post():
     text = "\n".join(lines)
     assert "200 alert(s) in 1 message(s)" in text and "4,096 alerts of VerlExporterDown" in text
     assert "3,896 more ranks" in text
+
+
+@pytest.mark.integration
+def test_a_truncated_group_takes_one_queue_slot_one_journal_line_and_one_message(tmp_path):
+    from verl_exporter.relay.app import Relay
+
+    dt = FakeDingTalk(TOKEN, SECRET).start()
+    relay = Relay(parse_config({
+        "listen": "127.0.0.1:0", "spool_dir": str(tmp_path / "spool"), "delivery": {"queue_max_alerts": 10},
+        "targets": {"dt": {"type": "dingtalk", "url": dt.url, "token_env": "DT_TOKEN", "secret_env": "DT_SECRET"}},
+        "routes": [{"targets": ["dt"]}]}, environ={"DT_TOKEN": TOKEN, "DT_SECRET": SECRET})).start()
+    try:
+        dt.fail_next(1)  # the first attempt fails: the summary is in the journal meanwhile
+        body = {"version": "4", "status": "firing", "receiver": "verl-critical", "truncatedAlerts": 3896,
+                "alerts": [down(i).to_dict() for i in range(200)]}
+        req = urllib.request.Request(relay.url + "/alert/verl-critical", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:  # 200 alerts into a queue of 10: one summary
+            assert resp.status == 200 and json.loads(resp.read())["targets"] == {"dt": 1}
+        adds = [line for line in (tmp_path / "spool" / "relay-journal.jsonl").read_text().splitlines()
+                if '"add"' in line]
+        assert len(adds) == 1 and '"verl_relay_alerts": "4096"' in adds[0]
+        wait_for(lambda: dt.messages, timeout=20)
+        (message,) = dt.messages
+        assert "and 3,896 more ranks" in message["markdown"]["text"]
+        m = parse_metrics(http_get(relay.url + "/metrics")[2].decode())
+        assert sample(m, "verl_relay_truncated_alerts_total", receiver="verl-critical") == 3896
+        assert sample(m, "verl_relay_alerts_total", target="dt", result="summarised") == 200
+        wait_for(lambda: sample(parse_metrics(http_get(relay.url + "/metrics")[2].decode()), "verl_relay_alerts_total",
+                                target="dt", result="delivered") == 1)
+    finally:
+        relay.stop(drain_seconds=1)
+        dt.stop()
 
 
 # ---------------------------------------------------------------- through a real Alertmanager

@@ -326,10 +326,10 @@ class Dispatcher:
                 self.metrics.inc("verl_relay_alerts_total", target="", result="unrouted")
             for t in targets:
                 plan.setdefault(t, []).append(Queued(alert, receiver, now))
+        summarised: dict[str, int] = {}
         for t, items in plan.items():  # summary.py: thousands of ranks down are one message, not hundreds
-            merged, n = summarise([q.alert for q in items], truncated)
-            if n:
-                self.metrics.inc("verl_relay_alerts_total", n, target=t, result="summarised")
+            merged, summarised[t] = summarise([q.alert for q in items], truncated)
+            if summarised[t]:
                 plan[t] = [Queued(a, receiver, now) for a in merged]
         for t, items in plan.items():  # check every target first, so a 503 mostly queues nothing
             if self.workers[t].room() < len(items):
@@ -344,6 +344,9 @@ class Dispatcher:
                 if self.journal is not None:  # answered 503: Alertmanager sends them again
                     self.journal.done([q.jid for q in items])
                 raise
+        for t, n in summarised.items():
+            if n:
+                self.metrics.inc("verl_relay_alerts_total", n, target=t, result="summarised")
         return {t: len(items) for t, items in plan.items()}
 
     def drain(self, seconds: float) -> dict[str, list[Queued]]:
