@@ -49,12 +49,9 @@ def summarise(alerts: Sequence[Alert], truncated: int = 0) -> tuple[list[Alert],
     merged = 0
     for key, members in groups.items():
         left_out = truncated if key == largest else 0
-        if len(members) >= SUMMARY_MIN or (left_out and len(members) > 1):
+        if len(members) >= SUMMARY_MIN or left_out:  # left out: the message must say how many there are
             out.append(summary_alert(members, left_out))
             merged += len(members)
-        elif left_out:  # one alert and the rest left out: still say how many there are
-            out.append(summary_alert(members, left_out))
-            merged += 1
         else:
             out.extend(members)
     if not merged:
