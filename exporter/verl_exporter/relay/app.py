@@ -102,6 +102,8 @@ class RelayApp:
         if payload.truncated_alerts:
             log.warning("webhook %s: Alertmanager truncated %d alert(s) of this group (max_alerts)", receiver,
                         payload.truncated_alerts)
+            self.metrics.inc("verl_relay_truncated_alerts_total", payload.truncated_alerts,
+                             receiver=self.metrics.receiver_label(receiver))
         if self.on_webhook is not None:
             try:
                 self.on_webhook(receiver, payload)
@@ -110,7 +112,7 @@ class RelayApp:
         if self.actions is not None:
             self.actions.consider(payload.alerts)
         try:
-            queued = self.dispatcher.submit(receiver, list(payload.alerts))
+            queued = self.dispatcher.submit(receiver, list(payload.alerts), payload.truncated_alerts)
         except QueueFull as e:
             log.warning("webhook %s: the queue of target %s is full; answered 503 so Alertmanager retries",
                         receiver, e)

@@ -37,7 +37,7 @@ def run(args) -> int:
     from ..core.shutdown import stop_event
     from .app import Relay
     from .config import RelayConfigError, load_config
-    from .journal import SpoolError, check_spool_dir
+    from .journal import SpoolError, check_spool_dir, spool_in_use
 
     if getattr(args, "preview", None):
         return _preview(args)
@@ -53,6 +53,11 @@ def run(args) -> int:
         if problem:
             print(f"verl-exporter relay: {args.config}: {problem}", file=sys.stderr)
             return 2
+        # Not an error: this is also how one checks a change to the config of the relay that runs on it.
+        busy = spool_in_use(config.spool_dir) if config.spool_dir is not None else None
+        if busy:
+            print(f"verl-exporter relay: {args.config}: note: {busy} (a relay started with this config now "
+                  "would refuse to start)", file=sys.stderr)
         for name, t in config.targets.items():
             signed = ", signed" if t.secret is not None else ""
             if t.type == "console":

@@ -430,7 +430,9 @@ class RelayFile(_Secrets):
     listen: str = Field("127.0.0.1:9095", description="HOST:PORT of the webhook, /healthz and /metrics")
     bearer_token_env: EnvSecret | None = Field(None, description="require this bearer token on webhooks")
     bearer_token_file: FileSecret | None = Field(None, description="the same, from a file")
-    max_body_bytes: int = Field(MiB, ge=1024, description="larger webhook bodies get 413")
+    max_body_bytes: int = Field(MiB, ge=1024, description="larger webhook bodies get 413 (Alertmanager retries "
+                                                          "them in vain): keep it over max_alerts x the largest "
+                                                          "alert, 200 x ~2.2 KB in the generated config")
     spool_dir: Annotated[PathText, AfterValidator(_spool_dir)] | None = Field(
         None, description="journal of accepted alerts and leftovers at shutdown, resent at the next start")
     timezone: str = Field("UTC", description="IANA zone of the times in messages, e.g. Asia/Shanghai")

@@ -31,6 +31,7 @@ from .journal import Journal, SpoolError
 from .metrics import RelayMetrics
 from .payload import Alert, parse_alert
 from .senders import Sender, make_sender
+from .summary import summarise
 
 log = logging.getLogger(__name__)
 
@@ -311,9 +312,10 @@ class Dispatcher:
         for w in self.workers.values():
             w.start()
 
-    def submit(self, receiver: str, alerts: list[Alert]) -> dict[str, int]:
+    def submit(self, receiver: str, alerts: list[Alert], truncated: int = 0) -> dict[str, int]:
         """Queue alerts for their targets; {target: alerts queued}. QueueFull/Draining: nothing was queued
-        for a target that had no room (the caller answers 503 and Alertmanager sends the group again)."""
+        for a target that had no room (the caller answers 503 and Alertmanager sends the group again).
+        A large group of one alertname (or one Alertmanager truncated) is queued as one summary alert."""
         if self._draining:
             raise Draining("shutting down")
         plan: dict[str, list[Queued]] = {}
@@ -324,6 +326,11 @@ class Dispatcher:
                 self.metrics.inc("verl_relay_alerts_total", target="", result="unrouted")
             for t in targets:
                 plan.setdefault(t, []).append(Queued(alert, receiver, now))
+        summarised: dict[str, int] = {}
+        for t, items in plan.items():  # summary.py: thousands of ranks down are one message, not hundreds
+            merged, summarised[t] = summarise([q.alert for q in items], truncated)
+            if summarised[t]:
+                plan[t] = [Queued(a, receiver, now) for a in merged]
         for t, items in plan.items():  # check every target first, so a 503 mostly queues nothing
             if self.workers[t].room() < len(items):
                 raise QueueFull(t)
@@ -337,6 +344,9 @@ class Dispatcher:
                 if self.journal is not None:  # answered 503: Alertmanager sends them again
                     self.journal.done([q.jid for q in items])
                 raise
+        for t, n in summarised.items():
+            if n:
+                self.metrics.inc("verl_relay_alerts_total", n, target=t, result="summarised")
         return {t: len(items) for t, items in plan.items()}
 
     def drain(self, seconds: float) -> dict[str, list[Queued]]:
@@ -403,6 +413,7 @@ class Dispatcher:
         OSError when spool_dir cannot be used (the relay must not run believing it keeps alerts)."""
         if self.journal is None:
             return 0
+        self.journal.acquire()  # one relay per spool_dir, before anything in it is read
         spool_dir = self.config.spool_dir
         paths = sorted(spool_dir.glob(f"{SPOOL_PREFIX}*.json")) if spool_dir.is_dir() else []
         now = time.monotonic()

@@ -24,6 +24,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from .config import Target
 from .payload import Alert
+from .summary import weight
 
 # Byte limits of the robot APIs: DingTalk counts the whole JSON body, WeCom the content string.
 DINGTALK_MAX_BODY = 20000
@@ -160,11 +161,11 @@ def order(alerts: Sequence[Alert]) -> list[Alert]:
 
 def title(alerts: Sequence[Alert]) -> str:
     firing = [a for a in alerts if a.status == "firing"]
-    resolved = len(alerts) - len(firing)
+    resolved = sum(map(weight, alerts)) - sum(map(weight, firing))  # a summary counts the alerts it stands for
     parts = []
     if firing:
         top = min((a.severity for a in firing), key=lambda s: SEVERITY_ORDER.get(s, 3))
-        parts.append(f"FIRING {len(firing)}" + (f" {escape(top)}" if top else ""))
+        parts.append(f"FIRING {sum(map(weight, firing))}" + (f" {escape(top)}" if top else ""))
     if resolved:
         parts.append(f"RESOLVED {resolved}")
     names: list[str] = []

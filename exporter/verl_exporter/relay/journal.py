@@ -13,10 +13,17 @@ One append-only file in spool_dir, ``relay-journal.jsonl`` (mode 0600), one JSON
 A line is written with one write(2) before the relay acts on it, so it survives the process being killed
 (a power loss may cost the last seconds: no fsync per line, which would slow every webhook). The file is
 rewritten compactly (atomically) at start, when nothing is pending and it has grown, and at shutdown.
+
+One relay per spool_dir: the relay holds an exclusive lock (flock) on ``relay.lock`` there for its whole
+life, with its pid in the file. A second relay on the same directory would append to a journal the first
+one replaces by rename at shutdown, and what it accepted would be lost at its next crash; it refuses to start
+instead. The kernel drops the lock with the process, so a relay killed with -9 never blocks the next one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -32,6 +39,8 @@ from ..core.atomicfile import remove_stale_temps, write_atomic
 log = logging.getLogger(__name__)
 
 JOURNAL = "relay-journal.jsonl"
+LOCK = "relay.lock"
+LOCK_WAIT_SECONDS = 1.0
 # Attempts remembered per target: more than any robot allows in one window.
 KEEP_TRIES = 100
 COMPACT_LINES = 1000
@@ -53,6 +62,81 @@ def check_spool_dir(path: Path) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"spool_dir {str(path)!r}: {str(existing)!r} is not writable by this user"
     return None
+
+
+class SpoolLock:
+    """The exclusive lock on spool_dir/relay.lock, held from acquire() to release() (or the process's end)."""
+
+    def __init__(self, spool_dir: Path):
+        self.dir = spool_dir
+        self.path = spool_dir / LOCK
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock; SpoolError naming the directory (and the holder's pid) when another relay has it."""
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:  # a --check-config looking at it holds it for an instant
+                    time.sleep(0.05)
+                    continue
+                holder = _pid_in(fd)
+                os.close(fd)
+                raise SpoolError(_in_use(self.dir, holder)) from None
+            except OSError:
+                os.close(fd)
+                raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        """Let the next relay have the directory. The file stays: removing it would let a relay that opened it
+        just before lock a file no other relay sees."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor drops the flock
+            self._fd = None
+
+
+def _pid_in(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).decode("ascii").strip())
+    return None
+
+
+def _in_use(path: Path, pid: int | None) -> str:
+    who = f"another relay (pid {pid})" if pid else "another relay"
+    return (f"spool_dir {str(path)!r} is in use by {who}: two relays on one spool_dir lose alerts; give each "
+            "relay its own spool_dir")
+
+
+def spool_holder(spool_dir: Path) -> int | None:
+    """The pid of the relay that holds spool_dir's lock (0 when it is held by a relay that wrote no pid),
+    None when it is free. Tries the lock and lets it go at once: for --check-config."""
+    try:
+        fd = os.open(spool_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file (or unreadable: starting will say why): nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _pid_in(fd) or 0
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
+def spool_in_use(spool_dir: Path) -> str | None:
+    """Why spool_dir cannot be used now because a relay holds it (None: free)."""
+    pid = spool_holder(spool_dir)
+    return None if pid is None else _in_use(spool_dir, pid)
 
 
 @dataclass
@@ -78,8 +162,13 @@ class Journal:
         self._logged_traceback = False
         self._torn = False
         self._closed = False  # after shutdown: a send still stuck in flight must not write any more
+        self.lock = SpoolLock(spool_dir)
 
     # ---- start
+    def acquire(self) -> None:
+        """Take spool_dir for this relay (before anything in it is read); SpoolError when another has it."""
+        self.lock.acquire()
+
     def recover(self) -> tuple[list[Entry], dict[str, list[float]]]:
         """The entries still pending in the journal, and each target's recent attempt times (wall clock)."""
         entries: dict[int, Entry] = {}
@@ -187,6 +276,7 @@ class Journal:
                 self._error("write", f"cannot compact {self.path.name} at shutdown: {e.strerror}")
             self._close()
             self._closed = True
+            self.lock.release()
 
     # ---- internals (under the lock)
     def _add_line(self, target: str, receiver: str, alert: dict) -> tuple[int, str]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from .config import RelayConfig, zone
 from .format import format_messages
 from .payload import WebhookPayload
+from .summary import summarise
 from .terminal import render
 
 
@@ -36,7 +37,8 @@ def preview(config: RelayConfig, payload: WebhookPayload, out: Callable[[str], N
         "nothing is sent")
     for name, alerts in per_target.items():
         target = config.targets[name]
-        messages = format_messages(alerts, target.as_robot(), zone(config.timezone))
+        queued, _ = summarise(alerts, payload.truncated_alerts)  # a large group is one summary, as when live
+        messages = format_messages(queued, target.as_robot(), zone(config.timezone))
         kind = f"console as {target.robot}" if target.type == "console" else target.type
         out(f"\ntarget {name} ({kind}, {target.format}): {len(alerts)} alert(s) in {len(messages)} message(s)")
         for msg in messages:

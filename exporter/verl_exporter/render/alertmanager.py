@@ -5,6 +5,10 @@ route labels, no inhibit-rule names. Every receiver is a webhook to the relay (v
 ``rules.relay_url`` (``generate --relay-url`` overrides it), which delivers to DingTalk / WeCom robots; the
 receiver's name is the last part of the URL path: ``<team>-<severity>`` unless an overrides file's
 ``global.routing`` names another for the team (or for one of its severities).
+
+Each webhook carries at most ``rules.max_alerts`` alerts (``global.max_alerts`` in an overrides file;
+Alertmanager 0.23+ counts the rest in the payload's ``truncatedAlerts``): a group of every rank of a
+4,096-rank fleet would otherwise be a ~3 MiB body, which the relay refuses (413) on every retry.
 """
 
 from __future__ import annotations
@@ -72,4 +76,4 @@ def render_alertmanager(spec: Spec) -> dict[str, str]:
     return {"alertmanager/alertmanager.yml": render(
         "alertmanager.yml.j2", repeat=REPEAT, root_receiver=root, default_severities=default_severities,
         default_receivers=default_receivers, team_routes=team_routes, receivers=receivers,
-        inhibit_rules=inhibit_rules(spec), relay_url=relay_url)}
+        inhibit_rules=inhibit_rules(spec), relay_url=relay_url, max_alerts=int(spec.rules.max_alerts))}

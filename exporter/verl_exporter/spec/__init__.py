@@ -145,6 +145,9 @@ class RulesConfig:
     runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
     evaluation_interval: str = "30s"
     relay_url: str = "http://127.0.0.1:9095"  # where Alertmanager's receivers post (verl-exporter relay)
+    # alerts per webhook (Alertmanager's max_alerts): 200 of the pack's largest alert (~2.2 KB with its
+    # generatorURL) are under half the relay's 1 MiB max_body_bytes; the rest is counted in truncatedAlerts
+    max_alerts: int = 200
     # team -> severity -> receiver name (an overrides file's global.routing); unset: <team>-<severity>
     routing: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
 

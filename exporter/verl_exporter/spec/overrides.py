@@ -15,7 +15,8 @@ threshold, a team writes only what differs and keeps upgrading the pack::
 Per alert: ``thresholds`` (its knobs, ``knobs()`` in spec/rules.py: the threshold, a detector's k and change,
 an expr alert's named params), ``for``, ``severity``, ``enabled``, extra ``labels`` (``team`` reroutes it),
 ``min_steps`` (the step-domain signals it reads wait for that many steps). Global: the job ``selector``,
-``runbook_url``, ``relay_url``, ``evaluation_interval`` and ``routing``.
+``runbook_url``, ``relay_url``, ``evaluation_interval``, ``max_alerts`` (alerts per webhook to the relay) and
+``routing``.
 
 ``apply_overrides(spec, overrides)`` returns the effective Spec; everything downstream (the rules, their
 promtool tests, the dashboards, Alertmanager, the PrometheusRule, the sidecar's detectors, the in-process
@@ -92,6 +93,9 @@ class GlobalOverrides(StrictModel):
     runbook_url: Url | None = Field(None, description="base URL of the runbook; #<alertname> is appended")
     relay_url: Url | None = Field(None, description="where Alertmanager's receivers post (verl-exporter relay)")
     evaluation_interval: Duration | None = Field(None, description="how often Prometheus evaluates the rules")
+    max_alerts: int | None = Field(None, ge=1, description="alerts per webhook to the relay (Alertmanager's "
+                                                           "max_alerts); keep max_alerts x 2.2 KB under the "
+                                                           "relay's max_body_bytes")
     routing: dict[LabelName, Receiver | dict[Severity, Receiver]] = Field(
         default_factory=dict, description="team -> relay receiver, or team -> {severity: receiver}; "
                                           f"alerts without a team are team {DEFAULT_TEAM!r}")
@@ -287,7 +291,8 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
     g = model.global_
     rules = replace(spec.rules, **{k: v for k, v in (("selector", g.selector), ("runbook_url", g.runbook_url),
                                                      ("relay_url", g.relay_url),
-                                                     ("evaluation_interval", g.evaluation_interval)) if v is not None},
+                                                     ("evaluation_interval", g.evaluation_interval),
+                                                     ("max_alerts", g.max_alerts)) if v is not None},
                     routing={**spec.rules.routing, **_routing(g)})
     return replace(spec, metrics=tuple(metrics), by_name={m.name: m for m in metrics}, rules=rules,
                    global_alerts=effective(spec.global_alerts), overrides=loaded.origin)
@@ -338,9 +343,9 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
         return loaded.where(*path) if loaded.origin else "spec"
 
     g = model.global_
-    for key in ("selector", "runbook_url", "relay_url", "evaluation_interval"):
+    for key in ("selector", "runbook_url", "relay_url", "evaluation_interval", "max_alerts"):
         given = getattr(g, key)
-        rows.append(KnobRow(f"global.{key}", getattr(spec.rules, key), getattr(eff.rules, key),
+        rows.append(KnobRow(f"global.{key}", str(getattr(spec.rules, key)), str(getattr(eff.rules, key)),
                             src("global", key) if given is not None else "spec"))
     for team in sorted(teams_of(list(eff_alerts.values())) | set(g.routing)):
         default = f"{team}-<severity>"
