@@ -547,3 +547,16 @@ def test_parse_file_mode_rejects_a_file_others_could_write(text):
 
     with pytest.raises(ValueError, match="write"):
         parse_file_mode(text)
+
+
+def test_a_monitors_own_control_file_is_for_itself_only_and_applied(caplog):
+    m = Monitor(listen="127.0.0.1:0", control_token=TOKEN)
+    try:
+        with caplog.at_level("WARNING", logger="verl_exporter"):
+            status, body = post(m.url + "/control/checkpoint", TOKEN)
+        assert status == 200 and body["applied"] is True
+        assert os.stat(m.sidecar.control.path).st_mode & 0o777 == 0o600  # in a 0700 temporary folder
+        assert not [r for r in caplog.records if "cannot reach" in r.getMessage()]
+        assert wait_for(m.should_checkpoint, timeout=5)
+    finally:
+        m.close()

@@ -383,7 +383,7 @@ def make_control_app(state: ControlState, token: str, self_metrics):
             # 200: recorded, and asking again would not help; the relay counts applied: false as failed
             self_metrics.problem("control", "unreachable", f"{action} requested but not applied: {recorded.problem}")
             return reply("200 OK", {**answer, "error": recorded.problem}, "unreachable")
-        log.warning("control: %s requested%s (applied, request %s)", action, f" because {reason}" if reason else "",
+        log.warning("control: %s requested%s (applied), request %s", action, f" because {reason}" if reason else "",
                     recorded.id)
         return reply("200 OK", answer, "accepted")
 
