@@ -560,3 +560,18 @@ def test_a_monitors_own_control_file_is_for_itself_only_and_applied(caplog):
         assert wait_for(m.should_checkpoint, timeout=5)
     finally:
         m.close()
+
+
+def test_a_version_1_file_of_an_older_sidecar_is_still_understood(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"version": 1, "checkpoint_seq": 2, "checkpoint_time": 100.0, "stop": True,
+                                "stop_time": 100.0, "reason": "run 1"}))
+    reader = ControlReader(str(path))
+    reader.poll()
+    assert not reader.stop_requested and not reader.take_checkpoint_request()  # run 1's
+    path.write_text(json.dumps({"version": 1, "checkpoint_seq": 3, "checkpoint_time": 200.0, "stop": True,
+                                "stop_time": 100.0, "reason": "NaN"}))
+    reader.poll()
+    assert reader.take_checkpoint_request() and reader.reason == "NaN" and not reader.stop_requested
+    # and the other way round: an older trainer's reader (stop_time after its start) sees a new stop
+    assert ControlState(str(path)).request("stop", "x").state["stop_time"] > 100.0

@@ -77,6 +77,10 @@ def _reader_of(file_mode: int) -> str:
     return "others" if file_mode & 0o004 else "group" if file_mode & 0o040 else "owner"
 
 
+_WHO = {"others": "a trainer under another uid", "group": "a trainer in the file's group",
+        "owner": "a trainer under this uid"}
+
+
 def _passes(st: os.stat_result, reader: str, gid: int) -> bool:
     """Can a reader of that class pass through (search) a folder with this stat?"""
     if reader == "others":
@@ -115,6 +119,23 @@ def one_line(text: str, limit: int = 200) -> str:
     return "".join(c if c.isprintable() else " " for c in text[:limit])
 
 
+def read_control_file(path: Path) -> tuple[tuple, dict]:
+    """(signature, document) of a control file; raises OSError, ValueError or RecursionError."""
+    # O_NONBLOCK: a FIFO put there must not block the trainer's step (or the sidecar) in open()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"over {MAX_FILE_BYTES} bytes, not a control file")
+    doc = json.loads(raw)
+    # Every write is a new file renamed into place: a new inode even when two writes share an mtime tick
+    # (coarse timestamps on NFS), so the signature changes with every request.
+    return (st.st_ino, st.st_mtime_ns, st.st_size), doc if isinstance(doc, dict) else {}
+
+
 class Recorded(NamedTuple):
     state: dict  # the control file as written
     applied: bool  # written, and readable by the reader the file mode names
@@ -135,9 +156,7 @@ class ControlState:
 
     def read(self) -> dict:
         try:
-            with open(self.path, "rb") as f:
-                doc = json.loads(f.read(MAX_FILE_BYTES + 1))
-            return doc if isinstance(doc, dict) else {}
+            return read_control_file(self.path)[1]
         except (OSError, ValueError, RecursionError):  # unreadable or not ours: start again from scratch
             return {}
 
@@ -167,13 +186,13 @@ class ControlState:
         reader = _reader_of(self.mode)
         st = os.stat(self.path)
         if st.st_mode & 0o777 != self.mode:  # a file system that ignores chmod (some network mounts)
-            return (f"the control file {self.path} has mode {oct(st.st_mode & 0o777)}, not {oct(self.mode)}; "
-                    f"the trainer ({reader}) may not read it")
+            return (f"the control file {self.path} has mode {oct(st.st_mode & 0o777)}, not {oct(self.mode)} (does "
+                    f"this file system ignore chmod?): {_WHO[reader]} may not read it")
         for folder in self._made:
             if not _passes(os.stat(folder), reader, st.st_gid):
                 return (f"the folder {folder}, made for the control file, has mode "
-                        f"{oct(os.stat(folder).st_mode & 0o777)}: the trainer ({reader}) cannot pass it; "
-                        f"make it {oct(folder_mode(self.mode))}")
+                        f"{oct(os.stat(folder).st_mode & 0o777)}: {_WHO[reader]} cannot pass it; make it "
+                        f"{oct(folder_mode(self.mode))}")
         self._warn_about_others_folders(reader, st.st_gid)
         return ""
 
@@ -189,9 +208,10 @@ class ControlState:
                 st = os.stat(folder)
                 if folder not in self._made and st.st_uid == os.geteuid() and not _passes(st, reader, gid):
                     self._warned = True
-                    log.warning("control: %s (owned by this sidecar's uid) has mode %s: a trainer under another "
-                                "uid cannot reach %s; open it (o+x), or use --control-file-mode 0600 when the "
-                                "trainer runs as this uid", folder, oct(st.st_mode & 0o777), self.path)
+                    log.warning("control: %s (owned by this sidecar's uid) has mode %s: %s cannot reach %s; "
+                                "open it (%s), or use --control-file-mode 0600 when the trainer runs as this uid",
+                                folder, oct(st.st_mode & 0o777), _WHO[reader], self.path,
+                                "o+x" if reader == "others" else "g+x, with the file's group")
                     return
 
 
@@ -250,7 +270,7 @@ class ControlReader:
         # action -> id of the last request seen; None until the file was read (at the start, or later)
         self._seen: dict[str, str | None] | None = None
         try:
-            signature, doc = self._read()
+            signature, doc = read_control_file(self.path)
         except FileNotFoundError:
             self._seen = dict.fromkeys(ACTIONS)  # no file: every request to come is new
         except (OSError, ValueError, RecursionError):
@@ -258,22 +278,6 @@ class ControlReader:
         else:
             self._seen_file = signature
             self._seen = {a: _identity(doc, a) for a in ACTIONS}
-
-    def _read(self) -> tuple[tuple, dict]:
-        """(signature, document) of the control file; raises OSError or ValueError."""
-        # O_NONBLOCK: a FIFO put there must not block the trainer's step in open()
-        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(0, "not a regular file")
-            raw = f.read(MAX_FILE_BYTES + 1)
-        if len(raw) > MAX_FILE_BYTES:
-            raise ValueError(f"over {MAX_FILE_BYTES} bytes, not a control file")
-        doc = json.loads(raw)
-        # Every write is a new file renamed into place: a new inode even when two writes share an mtime tick
-        # (coarse timestamps on NFS), so no request is missed.
-        return (st.st_ino, st.st_mtime_ns, st.st_size), doc if isinstance(doc, dict) else {}
 
     def poll(self) -> None:
         try:
@@ -286,7 +290,7 @@ class ControlReader:
         if (st.st_ino, st.st_mtime_ns, st.st_size) == self._seen_file:
             return
         try:
-            signature, doc = self._read()
+            signature, doc = read_control_file(self.path)
         except FileNotFoundError:
             return  # removed since the stat
         except (OSError, ValueError, RecursionError) as e:

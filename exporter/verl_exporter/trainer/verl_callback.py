@@ -221,7 +221,8 @@ class ControlledCheckpointCallback(ManifestCheckpointCallback):
     verl's v1 PPOTrainer builds the callback in its __init__, inside the process that runs fit(): the hook
     goes there (see install_v1_step_control), for every ``trainer.v1.trainer_mode``. The control file is the
     sidecar's default, ``<trainer.default_local_dir>/.verl-exporter-control.json``, or
-    $VERL_EXPORTER_CONTROL_FILE.
+    $VERL_EXPORTER_CONTROL_FILE. The requests already in it when the callback is built (the stop that ended the
+    run this one resumes) are not acted on; every later request is, once.
     """
 
     def __init__(self, config=None):
