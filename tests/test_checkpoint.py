@@ -426,6 +426,19 @@ def test_callback_skips_async_saves(tmp_path, caplog):
     assert [r.levelno for r in records] == [logging.WARNING, logging.INFO]  # loud once, then quiet
 
 
+def test_an_async_save_over_an_earlier_runs_checkpoint_removes_its_stale_manifest(tmp_path, caplog):
+    d = make_checkpoint(tmp_path, 20)
+    write_manifest(d)  # run 1's save of step 20
+    # run 2 resumed from an earlier step and saves step 20 again, asynchronously: new shards are on their way
+    (d / "actor" / "model_world_size_2_rank_0.pt").write_bytes(b"run 2, half written")
+    callback = verl_callback.ManifestCheckpointCallback(config=None)
+    with caplog.at_level(logging.INFO, logger="verl_exporter"):
+        callback.on_save(trainer=None, global_step=20, checkpoint_dir=str(d), async_save=True)
+    assert not (d / MANIFEST_NAME).exists()  # it described run 1's files: verify would call run 2's corrupt
+    assert verify_manifest(d).problems == [f"{MANIFEST_NAME} is missing from {d}."]
+    assert "earlier save" in caplog.text
+
+
 @pytest.mark.parametrize("where", ["missing", "a_file"])
 def test_callback_never_raises_on_a_bad_dir(tmp_path, caplog, where):
     target = tmp_path / where

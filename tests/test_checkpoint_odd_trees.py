@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from verl_exporter.checkpoint import cli as checkpoint_cli
 from verl_exporter.checkpoint import manifest as checkpoint_manifest
 from verl_exporter.checkpoint.manifest import (
     MANIFEST_NAME,
@@ -158,3 +160,60 @@ def test_a_fifo_as_the_tracker_file_does_not_block(tmp_path):
     os.mkfifo(d.parent / "latest_checkpointed_iteration.txt")
     p = cli("manifest", str(d.parent))  # the newest folder, since the tracker cannot be read
     assert p.returncode == 0 and f"wrote {d / MANIFEST_NAME}" in p.stdout, p.stderr
+
+
+# ---------------------------------------------------------------------------- manifests nested past any use
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("where", ["top", "files", "entry"])
+def test_a_deeply_nested_manifest_is_a_bad_manifest_not_a_traceback(tmp_path, capsys, where):
+    d = tmp_path / "global_step_1"
+    (d / "actor").mkdir(parents=True)
+    (d / "actor" / "model.pt").write_bytes(b"w")
+    deep = _nested(200_000)  # past the JSON parser's recursion limit
+    text = {"top": deep,
+            "files": '{"format": "verl-exporter-checkpoint-manifest", "format_version": 1, "files": ' + deep + "}",
+            # parses (under the limit) but repr() of the entry in the message would recurse just as deep
+            "entry": '{"format": "verl-exporter-checkpoint-manifest", "format_version": 1, "files": ['
+                     + _nested(sys.getrecursionlimit() - 50) + "]}"}[where]
+    (d / MANIFEST_NAME).write_text(text)
+    result = verify_manifest(d)
+    assert not result.ok and len(result.problems) == 1
+    assert str(d / MANIFEST_NAME) in result.problems[0] and len(result.problems[0]) < 600
+    parser = argparse.ArgumentParser(prog="verl-exporter")
+    checkpoint_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    assert checkpoint_cli.run(parser.parse_args(["checkpoint", "verify", str(d)])) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{d}: 1 problem(s)" in err
+
+
+def test_a_checkpoint_nested_deeper_than_the_recursion_limit_is_hashed_and_verified(tmp_path):
+    import inspect
+
+    from verl_exporter.sidecar.collectors.checkpoint import _tree_size
+
+    d = tmp_path / "global_step_2"
+    path = str(d)
+    os.mkdir(path)
+    for _ in range(300):
+        path = os.path.join(path, "d")
+        os.mkdir(path)
+    with open(os.path.join(path, "deep.pt"), "wb") as f:
+        f.write(b"deep")
+    # os.walk before Python 3.12 recursed once per level. A low limit stands for a tree deeper than the
+    # default one, which shutil.rmtree (the tmp_path cleanup) could not remove either.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 150)
+    try:
+        write_manifest(d)
+        doc = json.loads((d / MANIFEST_NAME).read_text())
+        assert doc["file_count"] == 1 and doc["files"][0]["path"].endswith("/d/deep.pt")
+        assert verify_manifest(d).ok
+        assert _tree_size(d) == 4 + (d / MANIFEST_NAME).stat().st_size  # the collector's size walk too
+        with open(os.path.join(path, "deep.pt"), "wb") as f:
+            f.write(b"DEEP")
+        assert "does not match its SHA-256" in verify_manifest(d).problems[0]
+    finally:
+        sys.setrecursionlimit(limit)

@@ -35,26 +35,25 @@ def post(url: str, token: str | None = None, body: bytes | None = b"{}", method:
 
 def test_state_and_reader(tmp_path):
     path = tmp_path / "c.json"
-    clock = [1000.0]
-    old = ControlState(str(path), clock=lambda: clock[0])
+    old = ControlState(str(path))
     old.request("stop", "from an earlier run")
     old.request("checkpoint")
-    clock[0] = 2000.0
-    reader = ControlReader(str(path), clock=lambda: clock[0])
+    reader = ControlReader(str(path))
     reader.poll()
     assert not reader.stop_requested and not reader.take_checkpoint_request()  # left by an earlier run
-    state = ControlState(str(path), clock=lambda: 2001.0)
+    state = ControlState(str(path))
     state.request("checkpoint", "NaN")
     state.request("checkpoint", "NaN again")
     reader.poll()
     assert reader.take_checkpoint_request() and not reader.take_checkpoint_request()  # once per poll
+    assert reader.reason == "NaN again"
     path.unlink()
-    fresh = ControlState(str(path), clock=lambda: 2002.0)
-    _, changed = fresh.request("stop", "critical")
-    _, again = fresh.request("stop", "critical")
-    assert changed and not again  # idempotent
+    fresh = ControlState(str(path))
+    first, again = fresh.request("stop", "critical"), fresh.request("stop", "again")
+    assert first.applied and again.applied and first.id != again.id  # each request is a new one
+    assert again.state["stop_seq"] == 2 and again.state["stop"] is True
     reader.poll()
-    assert reader.stop_requested and reader.reason == "critical"
+    assert reader.stop_requested and reader.reason == "again"
 
 
 def test_control_endpoint_is_off_by_default(serve, tmp_path):
@@ -76,14 +75,15 @@ def test_control_endpoint_needs_the_token_and_records_requests(serve, tmp_path):
     assert http_get(url + "stop")[0] == 405
     status, body = post(url + "checkpoint", TOKEN, json.dumps({"reason": "VerlNonFiniteGradNorm"}).encode())
     assert status == 200 and body["applied"] and body["state"]["checkpoint_seq"] == 1
-    assert post(url + "stop", TOKEN)[1]["applied"] is True
-    assert post(url + "stop", TOKEN)[1]["applied"] is False
+    first = post(url + "stop", TOKEN)[1]
+    second = post(url + "stop", TOKEN)[1]
+    assert first["applied"] is True and second["applied"] is True and first["id"] != second["id"]
     state = json.loads((tmp_path / ".verl-exporter-control.json").read_text())
-    assert state["stop"] is True and state["checkpoint_seq"] == 1
+    assert state["stop"] is True and state["checkpoint_seq"] == 1 and state["stop_seq"] == 2
+    assert state["stop_id"] == second["id"] and state["checkpoint_reason"] == "VerlNonFiniteGradNorm"
     m = side.metrics()
     assert sample(m, "verl_exporter_control_requests_total", action="stop", result="unauthorized") == 2
-    assert sample(m, "verl_exporter_control_requests_total", action="stop", result="accepted") == 1
-    assert sample(m, "verl_exporter_control_requests_total", action="stop", result="repeated") == 1
+    assert sample(m, "verl_exporter_control_requests_total", action="stop", result="accepted") == 2
     out = side.stop()
     assert "stop requested" in out and TOKEN not in out
 
@@ -276,11 +276,11 @@ def test_config_takes_the_mode_from_yaml_as_written():
         build_config(yaml.safe_load("control_file_mode: 0400"), {})
 
 
-def _read_as_nobody(path: str, conn) -> None:
-    """In a child process: drop to uid/gid 65534 and ask a ControlReader what it sees."""
+def _read_as_nobody(reader: ControlReader, conn) -> None:
+    """In a child process: drop to uid/gid 65534 and ask the ControlReader (started before the request) what it
+    sees."""
     os.setgid(65534)
     os.setuid(65534)
-    reader = ControlReader(path, clock=lambda: 0.0)
     reader.poll()
     conn.send((reader.stop_requested, reader.read_failures))
 
@@ -296,9 +296,10 @@ def test_a_trainer_under_another_uid_reads_the_request_or_counts_why_not(mode, s
     try:
         os.chmod(folder, 0o755)
         path = os.path.join(folder, "control.json")
+        reader = ControlReader(path)
         ControlState(path, mode=mode).request("stop", "VerlHang")
         parent, child = multiprocessing.Pipe()
-        proc = multiprocessing.get_context("fork").Process(target=_read_as_nobody, args=(path, child))
+        proc = multiprocessing.get_context("fork").Process(target=_read_as_nobody, args=(reader, child))
         proc.start()
         proc.join(20)
         stop_seen, failures = parent.recv()
@@ -308,25 +309,26 @@ def test_a_trainer_under_another_uid_reads_the_request_or_counts_why_not(mode, s
 
 
 def test_an_unreadable_control_file_is_counted_logged_and_retried(tmp_path, monkeypatch, caplog):
-    from pathlib import Path
-
     path = tmp_path / "control.json"
-    ControlState(str(path)).request("checkpoint", "x")
     errors = []
-    reader = ControlReader(str(path), clock=lambda: 0.0, on_error=errors.append)
-    real_read = Path.read_text
+    reader = ControlReader(str(path), on_error=errors.append)
+    ControlState(str(path)).request("checkpoint", "x")
+    real_open = os.open
 
-    def denied(self, *a, **k):
-        raise PermissionError(13, "Permission denied")
+    def denied(p, *a, **k):
+        if str(p) == str(path):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_open(p, *a, **k)
 
-    monkeypatch.setattr(Path, "read_text", denied)
+    monkeypatch.setattr(os, "open", denied)
     with caplog.at_level("WARNING", logger="verl_exporter"):
         reader.poll()
         reader.poll()
     assert reader.read_failures == 2 and len(errors) == 2
-    assert "permission denied" in errors[0] and len(caplog.records) == 1  # logged once, counted each time
+    logged = [r for r in caplog.records if "failed reads" in r.getMessage()]
+    assert "permission denied" in errors[0] and len(logged) == 1  # logged once, counted each time
     assert not reader.take_checkpoint_request()
-    monkeypatch.setattr(Path, "read_text", real_read)
+    monkeypatch.setattr(os, "open", real_open)
     reader.poll()  # the same, unchanged file: read again now that it can be
     assert reader.take_checkpoint_request()
 
@@ -351,3 +353,225 @@ def test_a_fifo_as_the_control_file_never_blocks_the_trainer(tmp_path):
     reader = ControlReader(str(path), clock=lambda: 0.0)
     reader.poll()
     assert reader.read_failures == 1 and not reader.stop_requested
+
+
+# ---------------------------------------------------------------------------- requests have identity
+def _reasoned(reason: str) -> bytes:
+    return json.dumps({"reason": reason}).encode()
+
+
+@pytest.mark.integration
+def test_a_resumed_run_ignores_the_stop_that_ended_run_1_and_obeys_a_new_one(serve, tmp_path):
+    side = serve("--checkpoint-dir", str(tmp_path), "--control-token-env", "VERL_CTL", env={"VERL_CTL": TOKEN})
+    path = str(tmp_path / ".verl-exporter-control.json")
+    run1 = ControlReader(path)
+    assert post(side.url + "/control/checkpoint", TOKEN, _reasoned("VerlHang"))[1]["applied"] is True
+    assert post(side.url + "/control/stop", TOKEN, _reasoned("VerlHang"))[1]["applied"] is True
+    run1.poll()
+    assert run1.take_checkpoint_request() and run1.stop_requested  # run 1 saves and stops
+    # run 2 resumes from the same checkpoint directory: the file still says stop
+    run2 = ControlReader(path)
+    monitor2 = Monitor(sidecar_file=str(tmp_path / "log.jsonl"), control_file=path)
+    try:
+        run2.poll()
+        time.sleep(1.0)  # the Monitor's worker polls every 0.2 s
+        assert not run2.stop_requested and not run2.take_checkpoint_request()
+        assert not monitor2.should_stop() and not monitor2.should_checkpoint()
+        # an alert asks run 2 to stop: a new request, applied, seen by run 2's readers
+        status, body = post(side.url + "/control/stop", TOKEN, _reasoned("VerlNumericalCollapse"))
+        assert status == 200 and body["applied"] is True and body["id"] == body["state"]["stop_id"]
+        run2.poll()
+        assert run2.stop_requested and run2.reason == "VerlNumericalCollapse"
+        assert wait_for(monitor2.should_stop, timeout=5) and monitor2.control_reason == "VerlNumericalCollapse"
+        assert not run2.take_checkpoint_request()  # the old checkpoint request stays old
+        status, body = post(side.url + "/control/checkpoint", TOKEN, _reasoned("VerlNumericalCollapse"))
+        run2.poll()
+        assert run2.take_checkpoint_request() and wait_for(monitor2.should_checkpoint, timeout=5)
+    finally:
+        monitor2.close()
+    m = side.metrics()
+    assert sample(m, "verl_exporter_control_requests_total", action="stop", result="accepted") == 2
+
+
+def test_a_request_is_new_or_stale_by_its_id_whatever_the_clocks_say(tmp_path):
+    path = str(tmp_path / "c.json")
+    ahead = ControlState(path, clock=lambda: 5000.0)  # the sidecar's clock runs ahead of the trainer's
+    ahead.request("checkpoint", "run 1")
+    ahead.request("stop", "run 1")
+    run2 = ControlReader(path, clock=lambda: 1000.0)
+    run2.poll()
+    assert not run2.stop_requested and not run2.take_checkpoint_request()  # made before run 2 started
+    behind = ControlState(path, clock=lambda: 10.0)  # a sidecar on a host whose clock is behind
+    behind.request("checkpoint", "run 2")
+    run2.poll()
+    assert run2.take_checkpoint_request() and not run2.stop_requested
+    assert behind.request("stop", "run 2").applied
+    run2.poll()
+    assert run2.stop_requested and run2.reason == "run 2"
+
+
+def test_a_control_file_made_again_from_scratch_still_delivers(tmp_path):
+    path = tmp_path / "c.json"
+    ControlState(str(path)).request("checkpoint", "run 1")  # checkpoint_seq 1, left by run 1
+    reader = ControlReader(str(path))
+    path.unlink()  # a person clears it; a new sidecar starts counting again
+    ControlState(str(path)).request("checkpoint", "run 2")  # checkpoint_seq 1 again, but a new request
+    reader.poll()
+    assert reader.take_checkpoint_request() and reader.reason == "run 2"
+
+
+def test_a_reader_that_could_not_read_the_file_at_its_start_judges_old_requests_by_time(tmp_path, monkeypatch):
+    path = tmp_path / "c.json"
+    ControlState(str(path), clock=lambda: 100.0).request("stop", "run 1")
+    real_open = os.open
+
+    def denied(p, *a, **k):
+        if str(p) == str(path):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_open(p, *a, **k)
+
+    monkeypatch.setattr(os, "open", denied)
+    reader = ControlReader(str(path), clock=lambda: 200.0)
+    reader.poll()
+    assert reader.read_failures == 1
+    monkeypatch.undo()  # the permission is fixed
+    reader.poll()
+    assert not reader.stop_requested  # older than this reader
+    ControlState(str(path), clock=lambda: 300.0).request("stop", "run 2")
+    reader.poll()
+    assert reader.stop_requested and reader.reason == "run 2"
+
+
+def test_step_control_of_a_resumed_run_stops_only_on_a_new_request(tmp_path, monkeypatch):
+    from verl_exporter.trainer.verl_callback import install_step_control
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "log.jsonl"))
+    path = tmp_path / "control.json"
+    ControlState(str(path)).request("stop", "run 1")  # what stopped run 1
+
+    class Trainer(MiniTrainer):
+        pass
+
+    control = install_step_control(Trainer, str(path))
+    t = Trainer(5)
+    t.fit()
+    assert t.finished and t.saved == [] and control.stopped_at is None  # run 2 went on
+    control = install_step_control(Trainer, str(path))  # run 3, stopped at its step 4
+    t = Trainer(20, lambda step: step == 4 and ControlState(str(path)).request("stop", "VerlHang"))
+    t.fit()
+    assert control.stopped_at == 4 and t.saved == [4] and not t.finished
+
+
+# ---------------------------------------------------------------------------- who can read the control file
+def _spawn_read_as_nobody(reader: ControlReader) -> tuple[bool, int]:
+    import multiprocessing
+
+    parent, child = multiprocessing.Pipe()
+    proc = multiprocessing.get_context("fork").Process(target=_read_as_nobody, args=(reader, child))
+    proc.start()
+    proc.join(20)
+    return parent.recv()
+
+
+needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to switch users")
+
+
+@pytest.fixture
+def open_folder():
+    """A folder any uid may pass through (pytest's tmp_path is 0700), removed afterwards."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    folder = tempfile.mkdtemp()
+    os.chmod(folder, 0o755)
+    yield Path(folder)
+    shutil.rmtree(folder)
+
+
+def _modes(root, path) -> list[str]:
+    out = []
+    while path != root:
+        out.append(oct(path.stat().st_mode & 0o777))
+        path = path.parent
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode, folders", [("0644", "0o755"), ("0640", "0o750"), ("0600", "0o700")])
+def test_a_sidecar_under_umask_077_makes_folders_the_trainer_can_pass(serve, open_folder, mode, folders):
+    ckpt = open_folder / "new" / "ckpt"  # neither exists yet: the sidecar makes both
+    old = os.umask(0o077)
+    try:
+        side = serve("--checkpoint-dir", str(ckpt), "--control-token-env", "VERL_CTL",
+                     "--control-file-mode", mode, env={"VERL_CTL": TOKEN})
+    finally:
+        os.umask(old)
+    control = ckpt / ".verl-exporter-control.json"
+    reader = ControlReader(str(control))  # the trainer, started before the request
+    status, body = post(side.url + "/control/stop", TOKEN, _reasoned("VerlHang"))
+    assert status == 200 and body["applied"] is True
+    assert _modes(open_folder, control) == [oct(int(mode, 8)), folders, folders]
+    if os.geteuid() == 0 and mode == "0644":  # a trainer under another uid reads it
+        assert _spawn_read_as_nobody(reader) == (True, 0)
+
+
+@needs_root
+def test_a_file_another_uid_cannot_reach_is_not_reported_applied(open_folder, monkeypatch):
+    """The sidecar made the folder but it could not be opened up (a mount that ignores chmod)."""
+    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.sidecar.control import make_control_app
+
+    monkeypatch.setattr(os, "chmod", lambda *a, **k: None)
+    reader = ControlReader(str(open_folder / "made" / "control.json"))
+    old = os.umask(0o077)
+    try:
+        state = ControlState(str(open_folder / "made" / "control.json"))
+        metrics = SelfMetrics(load_spec())
+        app = make_control_app(state, TOKEN, metrics)
+        answers = []
+        body = app({"PATH_INFO": "/control/stop", "REQUEST_METHOD": "POST", "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+                    "CONTENT_LENGTH": "0"}, lambda status, headers: answers.append(status))
+    finally:
+        os.umask(old)
+    answer = json.loads(b"".join(body))
+    assert answers == ["200 OK"] and answer["applied"] is False
+    assert "made" in answer["error"] and "0o700" in answer["error"]
+    assert metrics.value("verl_exporter_control_requests_total", action="stop", result="unreachable") == 1
+    assert _spawn_read_as_nobody(reader) == (False, 1)  # it really is not
+
+
+@pytest.mark.parametrize("text", ["0646", "0664", "0666", "0622"])
+def test_parse_file_mode_rejects_a_file_others_could_write(text):
+    from verl_exporter.sidecar.control import parse_file_mode
+
+    with pytest.raises(ValueError, match="write"):
+        parse_file_mode(text)
+
+
+def test_a_monitors_own_control_file_is_for_itself_only_and_applied(caplog):
+    m = Monitor(listen="127.0.0.1:0", control_token=TOKEN)
+    try:
+        with caplog.at_level("WARNING", logger="verl_exporter"):
+            status, body = post(m.url + "/control/checkpoint", TOKEN)
+        assert status == 200 and body["applied"] is True
+        assert os.stat(m.sidecar.control.path).st_mode & 0o777 == 0o600  # in a 0700 temporary folder
+        assert not [r for r in caplog.records if "cannot reach" in r.getMessage()]
+        assert wait_for(m.should_checkpoint, timeout=5)
+    finally:
+        m.close()
+
+
+def test_a_version_1_file_of_an_older_sidecar_is_still_understood(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"version": 1, "checkpoint_seq": 2, "checkpoint_time": 100.0, "stop": True,
+                                "stop_time": 100.0, "reason": "run 1"}))
+    reader = ControlReader(str(path))
+    reader.poll()
+    assert not reader.stop_requested and not reader.take_checkpoint_request()  # run 1's
+    path.write_text(json.dumps({"version": 1, "checkpoint_seq": 3, "checkpoint_time": 200.0, "stop": True,
+                                "stop_time": 100.0, "reason": "NaN"}))
+    reader.poll()
+    assert reader.take_checkpoint_request() and reader.reason == "NaN" and not reader.stop_requested
+    # and the other way round: an older trainer's reader (stop_time after its start) sees a new stop
+    assert ControlState(str(path)).request("stop", "x").state["stop_time"] > 100.0

@@ -29,6 +29,17 @@ def test_registration_is_atomic_refreshed_and_removed(tmp_path):
     assert not reg.path.exists()
 
 
+def test_registration_folders_made_under_umask_077_let_prometheus_in(tmp_path):
+    old = os.umask(0o077)  # Prometheus runs as another user: the folders it made must let it read the file
+    try:
+        reg = FileSdRegistration(str(tmp_path / "sd" / "verl"), "node-7", 9479)
+        reg.write()
+    finally:
+        os.umask(old)
+    modes = [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "sd", tmp_path / "sd" / "verl", reg.path)]
+    assert modes == ["0o755", "0o755", "0o644"]
+
+
 def test_many_writers_share_a_directory_without_clashing(tmp_path):
     regs = [FileSdRegistration(str(tmp_path), "h", 9000 + i, refresh=0.01).start() for i in range(16)]
     time.sleep(0.2)

@@ -104,11 +104,23 @@ def test_an_answer_without_applied_is_a_failure(servers, caplog):
 
 
 def test_an_applied_answer_is_done(servers):
-    sidecar = servers(200, b'{"action": "stop", "applied": false, "state": {}}')
+    sidecar = servers(200, b'{"action": "stop", "applied": true, "id": "a1", "state": {}}')
     metrics = RelayMetrics()
     runner(sidecar.url, metrics).consider([alert()])
     wait_for(lambda: result(metrics, "done") == 1, timeout=5)
     assert json.loads(sidecar.requests[0]["body"]) == {"reason": "VerlNumericalCollapse"}
+
+
+def test_an_answer_that_was_not_applied_is_a_failure_not_done(servers, caplog):
+    # the sidecar recorded the request where the trainer cannot read it (or, before request ids, an older
+    # sidecar that took a stop for "already requested" and wrote nothing)
+    sidecar = servers(200, b'{"action": "stop", "applied": false, "error": "the trainer cannot reach it\\n"}')
+    metrics = RelayMetrics()
+    runner(sidecar.url, metrics).consider([alert()])
+    wait_for(lambda: result(metrics, "failed") == 1, timeout=5)
+    assert len(sidecar.requests) == 1  # not retried: asking again would not make the file readable
+    assert result(metrics, "done") == 0
+    assert "NOT applied" in caplog.text and "the trainer cannot reach it" in caplog.text
 
 
 def test_no_backoff_after_the_last_failed_attempt(servers):

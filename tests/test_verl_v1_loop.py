@@ -174,3 +174,29 @@ def test_a_trainer_without_our_callback_runs_verls_fit_untouched(tmp_path, monke
     trainer.total_training_steps = 4
     assert trainer.fit(agent_loop_manager=None) is None
     assert trainer.saves == [] and (tmp_path / "m.jsonl").read_text().count("\n") == 4
+
+
+@pytest.mark.integration
+def test_a_resumed_run_is_not_stopped_by_run_1s_stop_but_by_a_new_one(serve, tmp_path, monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+
+    ckpt_dir, log_path = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    ckpt_dir.mkdir()
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(log_path))
+    monkeypatch.delenv("VERL_EXPORTER_CONTROL_FILE", raising=False)
+    monkeypatch.setattr(trainer_base.tq, "kv_clear", lambda **kwargs: None)
+    side = serve("--checkpoint-dir", str(ckpt_dir), "--control-token-env", "VERL_CTL", env={"VERL_CTL": TOKEN})
+    config = compose_verl_config(
+        f"trainer.checkpoint_callback_class={CALLBACK}", f"trainer.default_local_dir={ckpt_dir}",
+        "trainer.logger=[file]", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false")
+    run1 = driven_trainer("sync", config, {3: "stop"}, side.url)
+    run1.fit(agent_loop_manager=None)
+    assert run1.checkpoint_callback.control.stopped_at == 3 and run1.saves == [3]
+    # run 2 resumes in the same checkpoint directory (verl's resume keeps it, control file included)
+    run2 = driven_trainer("sync", config, {6: "stop"}, side.url)
+    run2.global_steps = 3  # verl's _load_checkpoint resumes after the saved step
+    assert run2.fit(agent_loop_manager=None) is None
+    assert run2.checkpoint_callback.control.stopped_at == 6 and run2.saves == [6]  # not stopped at step 4
+    assert run2.train_ended
+    metrics = side.metrics()
+    assert sample(metrics, "verl_exporter_control_requests_total", action="stop", result="accepted") == 2

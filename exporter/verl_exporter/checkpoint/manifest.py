@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 import stat
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ _MANIFEST_TEMP_SUFFIX = TEMP_SUFFIX
 _STEP_DIR = re.compile(r"global_step_([0-9]+)")
 _TRACKER_MAX_BYTES = 64  # a step number is a few digits; anything longer is not a tracker we trust
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# a malformed entry is quoted in the message, shortened (a bounded depth and length, whatever the input)
+_ENTRY_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_ENTRY_REPR.maxlevel, _ENTRY_REPR.maxstring, _ENTRY_REPR.maxother = 3, 80, 80
 
 
 @dataclass
@@ -168,7 +172,7 @@ def scan_files(step_dir: str | os.PathLike) -> Scan:
             raise error
         scan.skipped[rel_of(error.filename)] = f"cannot be listed: {error.strerror}"
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable):
+    for dirpath, dirnames, filenames in walk(root, onerror=unlistable):
         for name in dirnames:
             path = os.path.join(dirpath, name)
             if os.path.islink(path):  # os.walk lists it but does not descend
@@ -184,6 +188,36 @@ def scan_files(step_dir: str | os.PathLike) -> Scan:
             else:
                 scan.files[rel] = Path(path)
     return scan
+
+
+def walk(top: str | os.PathLike, onerror=None):
+    """os.walk(top, onerror=onerror), top-down, without following directory symlinks, and without recursion.
+
+    Before Python 3.12 os.walk recurses once per folder level, so a tree deeper than the recursion limit (a
+    checkpoint folder holds whatever was put there) raised RecursionError instead of being walked.
+    """
+    stack = [os.fspath(top)]
+    while stack:
+        dirpath = stack.pop()
+        try:
+            with os.scandir(dirpath) as it:
+                entries = list(it)
+        except OSError as e:
+            if onerror is not None:
+                onerror(e)
+            continue
+        dirnames, filenames = [], []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows a symlink, as os.walk does when it sorts names
+            except OSError:
+                is_dir = False
+            (dirnames if is_dir else filenames).append(entry.name)
+        yield dirpath, dirnames, filenames
+        for name in reversed(dirnames):  # popped in listing order
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                stack.append(path)
 
 
 def _skip_reason(path: str, real_root: str) -> str | None:
@@ -286,6 +320,8 @@ def _load_manifest(step_dir: Path) -> tuple[list[dict] | None, str | None]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return None, f"{path} cannot be read: {e}."
+    except RecursionError:  # nested deeper than the parser goes: no manifest we wrote looks like that
+        return None, f"{path} cannot be read: nested too deeply to be a manifest."
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("files"), list):
         return None, f"{path} is not a verl-exporter checkpoint manifest."
     if doc.get("format_version") != MANIFEST_FORMAT_VERSION:
@@ -299,7 +335,7 @@ def _load_manifest(step_dir: Path) -> tuple[list[dict] | None, str | None]:
             parts = entry["path"].split("/")
             ok = not entry["path"].startswith("/") and ".." not in parts and "" not in parts
         if not ok:
-            return None, f"{path} has a malformed entry (number {i + 1}): {entry!r:.200}."
+            return None, f"{path} has a malformed entry (number {i + 1}): {_ENTRY_REPR.repr(entry)}."
         entries.append(entry)
     return entries, None
 

@@ -44,6 +44,28 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
     fsync_dir(path.parent)
 
 
+def make_dirs(path: str | os.PathLike, mode: int) -> list[Path]:
+    """Create path and its missing parents (mkdir -p) with exactly mode whatever the umask; the folders made.
+
+    For files another process reads (under another uid): mkdir(parents=True) applies the umask, so under
+    umask 077 the folders it made kept every other user out. A folder that appears meanwhile is left as it is.
+    """
+    missing = []
+    folder = Path(path)
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    made = []
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue  # made by someone else meanwhile: theirs
+        os.chmod(folder, mode)
+        made.append(folder)
+    return made
+
+
 def remove_stale_temps(path: str | os.PathLike) -> int:
     """Remove the temporary files a killed writer of path left behind; for a file with one writer only."""
     path = Path(path)

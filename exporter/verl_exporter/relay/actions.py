@@ -12,7 +12,7 @@ Off unless configured (config.ActionEntry is the model of an entry). Only firing
 is logged and counted in verl_relay_actions_total{action,result}; the token is a Secret and never logged.
 Calls run on their own thread with a few retries, so a slow or absent trainer never holds up alert
 delivery. Redirects are never followed (the token would go to another address), and only an answer that
-says whether the request was applied counts as done.
+says the request was applied counts as done (``applied: false``: the sidecar could not deliver it, failed).
 """
 
 from __future__ import annotations
@@ -140,8 +140,13 @@ class ActionRunner:
                 log.error("action: %s answered without 'applied'; not a verl-exporter control endpoint, "
                           "so the %s was NOT requested", where, act.action)
                 return "failed"
-            log.warning("action: asked %s to %s because of %s (%s)", act.url, act.action, alertname,
-                        "applied" if applied else "already requested")
+            if not applied:  # recorded where the trainer cannot read it: retrying would not change that
+                why = "".join(c if c.isprintable() else " " for c in str(answer.get("error", ""))[:300])
+                log.error("action: %s recorded the %s but says it is NOT applied (%s); the trainer will not see "
+                          "it", where, act.action, why or "no reason given")
+                return "failed"
+            log.warning("action: asked %s to %s because of %s (applied, request %s)", act.url, act.action,
+                        alertname, str(answer.get("id", "?"))[:40])
             return "done"
         log.error("action: %s failed %d time(s); the %s was NOT requested", where, self._attempts, act.action)
         return "failed"

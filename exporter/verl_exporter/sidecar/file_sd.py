@@ -23,7 +23,7 @@ import socket
 import threading
 from pathlib import Path
 
-from ..core.atomicfile import write_atomic
+from ..core.atomicfile import make_dirs, write_atomic
 
 DEFAULT_REFRESH_S = 60.0
 
@@ -45,7 +45,7 @@ class FileSdRegistration:
 
     def write(self) -> None:
         """Write the registration atomically; world-readable, as Prometheus may run as another user."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir, 0o755)  # not mkdir(parents=True): under umask 077 Prometheus could not get in
         write_atomic(self.path, json.dumps(self._doc), mode=0o644)
 
     def start(self, on_error=None) -> FileSdRegistration:

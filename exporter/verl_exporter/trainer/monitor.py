@@ -86,7 +86,8 @@ class Monitor:
         self._checkpoint_requested = False
         self._stop_requested = False
         self.control_reason = ""
-        if control_token and control_file is None:
+        own_file = control_token and control_file is None
+        if own_file:  # written and read by this process only
             import tempfile
 
             control_file = os.path.join(tempfile.mkdtemp(prefix="verl-exporter-control-"), "control.json")
@@ -101,7 +102,8 @@ class Monitor:
 
             # In the training process only what the process itself knows: no host or GPU collectors
             # (the per-rank sidecar has those), and torch's allocator stats when asked for.
-            config = ServeConfig(listen=listen, run=run, rank=rank, collectors={n: False for n in REGISTRY})
+            config = ServeConfig(listen=listen, run=run, rank=rank, collectors={n: False for n in REGISTRY},
+                                 **({"control_file_mode": "0600"} if own_file else {}))
             self._sidecar = Sidecar(config, spec=spec, before_scrape=self.drain, control_token=control_token,
                                     control_file=control_file)
             self._torch = None

@@ -20,12 +20,14 @@ its manifest before you resume from it or copy it away.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import time
+from pathlib import Path
 
-from ..checkpoint.manifest import write_manifest
+from ..checkpoint.manifest import MANIFEST_NAME, write_manifest
 from ..sidecar.control import default_control_file
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,12 @@ class ManifestCheckpointCallback(_CallbackBase):
             self._told_async = True
             log.log(level, "verl-exporter: no manifest for checkpoint step %s: async_save may still be writing %s",
                     global_step, checkpoint_dir)
+            # A manifest there is an earlier save's (a resumed run saving a step again): it no longer describes
+            # the folder, and checking against it would call the new checkpoint corrupt.
+            stale = Path(checkpoint_dir) / MANIFEST_NAME
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+                log.warning("verl-exporter: removed %s, the manifest of an earlier save of that folder", stale)
             return
         started = time.monotonic()
         path = write_manifest(checkpoint_dir)
@@ -213,7 +221,8 @@ class ControlledCheckpointCallback(ManifestCheckpointCallback):
     verl's v1 PPOTrainer builds the callback in its __init__, inside the process that runs fit(): the hook
     goes there (see install_v1_step_control), for every ``trainer.v1.trainer_mode``. The control file is the
     sidecar's default, ``<trainer.default_local_dir>/.verl-exporter-control.json``, or
-    $VERL_EXPORTER_CONTROL_FILE.
+    $VERL_EXPORTER_CONTROL_FILE. The requests already in it when the callback is built (the stop that ended the
+    run this one resumes) are not acted on; every later request is, once.
     """
 
     def __init__(self, config=None):

@@ -47,6 +47,7 @@ from ...checkpoint.manifest import (
     read_tracker,
     tracker_path,
     verify_manifest,
+    walk,
 )
 from .base import Collector, Context, Sample, Unavailable, register
 
@@ -177,7 +178,7 @@ def _tree_size(step_dir: Path) -> int:
     device, is not part of what the checkpoint holds on disk.
     """
     total = 0
-    for dirpath, _dirnames, filenames in os.walk(step_dir):
+    for dirpath, _dirnames, filenames in walk(step_dir):  # not os.walk: it recurses before 3.12
         for name in filenames:
             try:
                 st = os.lstat(os.path.join(dirpath, name))
