@@ -352,3 +352,23 @@ def test_a_line_with_a_lone_surrogate_does_not_take_the_scrape_down(tmp_path, se
     assert sample(m, ESCAPED, reason="not_utf8") == 1
     out = side.stop()
     assert "# HELP" not in out and "Traceback" not in out
+
+
+# ------------------------------------------------------------------ numbers beyond a float's range
+def test_an_integer_beyond_a_float_costs_only_itself_in_the_store_and_the_detectors():
+    sm = SelfMetrics(SPEC)
+    store = TrainingStore(SPEC, sm)
+    huge = 10**400  # Monitor.log() takes Python ints; float() of this one raises OverflowError
+    for step in range(1, 4):
+        store.ingest(step, {"actor/grad_norm": huge, "timing_s/step": huge, "actor/lr": step + 0.5}, time.time())
+    assert store.value("verl_actor_learning_rate") == 3.5
+    assert sm.value("verl_exporter_values_rejected_total", reason="out_of_range") == 6
+    assert sm.snapshot()["verl_exporter_source_errors_total"] == {}  # no failure of the store or detectors
+
+
+def test_the_breaker_judges_the_other_keys_of_a_step_with_a_huge_integer():
+    from verl_exporter.trainer.breaker import CircuitBreaker
+
+    breaker = CircuitBreaker.from_spec(SPEC)
+    anomalies, _ = breaker.observe(1, {"actor/grad_norm": 10**400, "actor/pg_loss": float("nan")})
+    assert [(a.key, a.kind) for a in anomalies] == [("actor/pg_loss", "nonfinite")]

@@ -96,6 +96,10 @@ class _Writer(io.BufferedIOBase):
 
 
 class _Handler(WSGIRequestHandler):
+    # An error about the request line itself (HTTP/2.0, a bad version) would otherwise be answered the
+    # HTTP/0.9 way, a bare HTML body without a status line; nothing speaks 0.9 any more.
+    default_request_version = "HTTP/1.0"
+
     def setup(self) -> None:
         timeout = self.server.request_timeout
         self.connection = self.request

@@ -76,8 +76,6 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
             body = handler(environ, start_response)
             if body is not None:
                 return body
-        if path in ("/metrics", "/healthz", "/") and (refused := _method_not_allowed(environ, start_response)):
-            return refused
         if path == "/metrics":
             started = time.perf_counter()
             body = metrics(environ, start_response)
@@ -86,6 +84,8 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
         if path == "/healthz":
             return health_handler(path, health)(environ, start_response)
         if path == "/":
+            if refused := _method_not_allowed(environ, start_response):
+                return refused
             # The run name is the user's text: escaped for HTML, and for UTF-8 (argv may hold lone surrogates).
             body = _INDEX.format(summary=html.escape(summary)).encode("utf-8", "backslashreplace")
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
