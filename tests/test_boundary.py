@@ -352,6 +352,9 @@ def test_a_line_with_a_lone_surrogate_does_not_take_the_scrape_down(tmp_path, se
     assert sample(m, ESCAPED, reason="not_utf8") == 1
     out = side.stop()
     assert "# HELP" not in out and "Traceback" not in out
+    again = serve("--verl-log", str(log))  # a restart recovers the tail: the same line is read back
+    wait_for(lambda: sample(again.metrics(), "verl_training_step") == 2, timeout=10)
+    assert sample(again.metrics(), "verl_timing_seconds", phase="\\ud800") == 1.0
 
 
 # ------------------------------------------------------------------ numbers beyond a float's range
