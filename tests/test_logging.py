@@ -29,8 +29,8 @@ def test_a_problem_logs_its_traceback_once_then_one_line_a_minute(caplog, monkey
 
     def fail(message: str) -> None:
         try:
-            raise OSError(5, message)
-        except OSError as e:
+            raise RuntimeError(message)  # may be a bug: its traceback is worth the first log line
+        except RuntimeError as e:
             sm.problem("disk", "read", f"diskstats: {e!r}")
 
     with caplog.at_level(logging.WARNING, logger="verl_exporter"):
@@ -42,12 +42,23 @@ def test_a_problem_logs_its_traceback_once_then_one_line_a_minute(caplog, monkey
         sm.problem("disk", "parse", "a bad line")  # another kind: its own first, without an exception
     records = [(r.name, r.getMessage(), bool(r.exc_info)) for r in caplog.records]
     assert records == [
-        ("verl_exporter.core.selfmetrics", "disk: diskstats: OSError(5, 'first')", True),
-        ("verl_exporter.core.selfmetrics", "disk: diskstats: OSError(5, 'a minute later')", False),
+        ("verl_exporter.core.selfmetrics", "disk: diskstats: RuntimeError('first')", True),
+        ("verl_exporter.core.selfmetrics", "disk: diskstats: RuntimeError('a minute later')", False),
         ("verl_exporter.core.selfmetrics", "disk: a bad line", False),
     ]
     assert "Traceback" in caplog.text and caplog.text.count("Traceback") == 1
     assert sm.value("verl_exporter_source_errors_total", component="disk") == 4
+
+
+def test_an_io_error_is_one_line_without_a_traceback(caplog):
+    sm = SelfMetrics(load_spec())
+    with caplog.at_level(logging.WARNING, logger="verl_exporter"):
+        try:
+            raise OSError(5, "Input/output error")
+        except OSError as e:
+            sm.problem("disk", "read", f"diskstats: {e}")
+    assert [(r.getMessage(), r.exc_info) for r in caplog.records] == [("disk: diskstats: [Errno 5] Input/output error",
+                                                                        None)]
 
 
 def test_an_exception_passed_in_is_logged_with_its_traceback(caplog):

@@ -23,6 +23,7 @@ is rebuilt after a sidecar restart from the lines the follower recovers from the
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ def step_duration(data: Mapping[str, Any], keys: list[str]) -> float | None:
     """The step's logged duration in seconds, or None."""
     for key in keys:
         d = data.get(key)
-        if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
+        # Compared, not math.isfinite(): that raises OverflowError for an int of 400 digits.
+        if isinstance(d, (int, float)) and not isinstance(d, bool) and 0 < d <= sys.float_info.max:
             return float(d)
     return None
 
@@ -114,7 +116,10 @@ class SignalDetector:
             raw = data.get(key)
             if raw is None or isinstance(raw, bool) or not isinstance(raw, (int, float)):
                 continue  # absent, or NaN/Inf (null): the nonfinite alerts' business
-            x = float(raw) * scale
+            try:
+                x = float(raw) * scale
+            except OverflowError:  # an int beyond a float's range
+                continue
             if math.isfinite(x):
                 return x
         return None

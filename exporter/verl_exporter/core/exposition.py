@@ -10,14 +10,43 @@ OpenMetrics 1.0 that client_python writes, which the tests check with client_pyt
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from ..spec import MetricSpec
 
+log = logging.getLogger(__name__)
+
 _PREFIX_CACHE_LIMIT = 100_000
+# What a label value must not carry: lone surrogates (UTF-8 cannot encode them: a JSON "\\ud800" escape, a
+# name decoded from non-UTF-8 bytes with surrogateescape) and control characters (legal in the exposition, but
+# they garble legends, alert texts and terminals). Both are written as Python's backslash escapes.
+_UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape_char(m: re.Match) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_label_value(value: str) -> tuple[str, str]:
+    """(the value as it can be exported, why it was changed: "" when it was not, "not_utf8" or "control_char").
+
+    Escapes lone surrogates as \\udcff and control characters as \\x1b, so the exposition always encodes.
+    """
+    if not _UNSAFE_TEXT.search(value):
+        return value, ""
+    reason = "not_utf8" if any("\ud800" <= c <= "\udfff" for c in value) else "control_char"
+    return _UNSAFE_TEXT.sub(_escape_char, value), reason
+
+
+def safe_text(value: str) -> str:
+    """A label value or HELP text that the exposition can always encode (escaped as safe_label_value does)."""
+    return _UNSAFE_TEXT.sub(_escape_char, value) if _UNSAFE_TEXT.search(value) else value
 
 
 def _ranked(header: str | None) -> list[tuple[str, str]]:
@@ -66,10 +95,17 @@ def _escape_help(text: str, openmetrics: bool) -> str:
 
 
 class TextRenderer:
-    """Renders [(spec entry, {label values: value})] with cached HELP/TYPE headers and series prefixes."""
+    """Renders [(spec entry, {label values: value})] with cached HELP/TYPE headers and series prefixes.
 
-    def __init__(self, const_labels: Mapping[str, str] | None = None):
-        self._const = dict(const_labels or {})
+    Label values and HELP texts are made safe (safe_text) when their prefix or header is cached, so whatever a
+    source hands over, the text encodes; a family that still fails to render is left out on its own and
+    reported to ``on_error(family name, error)``.
+    """
+
+    def __init__(self, const_labels: Mapping[str, str] | None = None,
+                 on_error: Callable[[str, Exception], None] | None = None):
+        self._const = {name: safe_text(str(value)) for name, value in (const_labels or {}).items()}
+        self._on_error = on_error
         self._headers: dict[tuple[str, bool], str] = {}
         self._prefixes: dict[tuple[str, tuple[str, ...]], str] = {}
 
@@ -79,7 +115,7 @@ class TextRenderer:
             name = metric.name
             if metric.type == "counter" and openmetrics:
                 name = name[: -len("_total")]  # OpenMetrics names the family without the suffix
-            cached = (f"# HELP {name} {_escape_help(metric.help, openmetrics)}\n"
+            cached = (f"# HELP {name} {safe_text(_escape_help(metric.help, openmetrics))}\n"
                       f"# TYPE {name} {metric.type}\n")
             self._headers[(metric.name, openmetrics)] = cached
         return cached
@@ -89,7 +125,7 @@ class TextRenderer:
         if cached is None:
             # Sorted by name, as client_python writes them.
             pairs = sorted([*zip(metric.labels, key, strict=True), *self._const.items()])
-            labels = ",".join(f'{n}="{_escape_label(v)}"' for n, v in pairs)
+            labels = ",".join(f'{n}="{_escape_label(safe_text(v))}"' for n, v in pairs)
             cached = f"{metric.name}{{{labels}}} " if labels else f"{metric.name} "
             if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
                 self._prefixes.clear()
@@ -100,9 +136,17 @@ class TextRenderer:
                openmetrics: bool = False) -> str:
         out: list[str] = []
         for metric, rows in series:
-            out.append(self._header(metric, openmetrics))
-            for key, value in sorted(rows.items()):
-                out.append(self._prefix(metric, key))
-                out.append(floatToGoString(value))
-                out.append("\n")
+            try:
+                family = [self._header(metric, openmetrics)]
+                for key, value in sorted(rows.items()):
+                    family.append(self._prefix(metric, key))
+                    family.append(floatToGoString(value))
+                    family.append("\n")
+            except Exception as e:  # one bad family costs only itself
+                if self._on_error is not None:
+                    self._on_error(metric.name, e)
+                else:
+                    log.debug("family %s not rendered: %r", metric.name, e)
+                continue
+            out.extend(family)
         return "".join(out)

@@ -11,10 +11,14 @@ SYN retry then cost a scrape a second). Here:
   arrived whole, so slow clients never hold one;
 - the whole request (line, headers, body) must arrive within ``request_timeout`` seconds, and each write of
   the answer must progress within it: a client that sends half a header, drips a byte at a time or stops
-  reading holds its connection's thread that long at most.
+  reading holds its connection's thread that long at most;
+- a request whose body framing is ambiguous (two Content-Length headers, one that is not a number, a
+  Transfer-Encoding beside it) gets 400, and one with a Transfer-Encoding alone 501: bodies are read by
+  Content-Length only, and two parties that read one request differently are how requests get smuggled;
+- HEAD gets the headers GET would get (Content-Length included) and no body, whatever the app returns.
 
 Connections dropped for these reasons are reported to ``on_problem(kind, message)``: kind is "timeout",
-"overload" or "error" (the caller counts them in its own metrics).
+"overload", "bad_request" or "error" (the caller counts them in its own metrics; only "error" may be a bug).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import socket
 import sys
 import threading
@@ -39,6 +44,7 @@ _OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\
                b"Retry-After: 1\r\nConnection: close\r\n\r\noverloaded.\n")
 
 ProblemFn = Callable[[str, str], None]
+_DIGITS = re.compile(r"[0-9]+")
 
 
 class ListenError(OSError):
@@ -90,6 +96,10 @@ class _Writer(io.BufferedIOBase):
 
 
 class _Handler(WSGIRequestHandler):
+    # An error about the request line itself (HTTP/2.0, a bad version) would otherwise be answered the
+    # HTTP/0.9 way, a bare HTML body without a status line; nothing speaks 0.9 any more.
+    default_request_version = "HTTP/1.0"
+
     def setup(self) -> None:
         timeout = self.server.request_timeout
         self.connection = self.request
@@ -102,18 +112,53 @@ class _Handler(WSGIRequestHandler):
         if len(self.raw_requestline) > 65536:
             self.requestline = self.request_version = self.command = ""
             self.send_error(414)
+            self.server._problem("bad_request", "a request line over 64 KiB got 414")
+            return
+        if not self.raw_requestline.strip():  # connected and closed (a TCP probe): nothing to answer
             return
         if not self.parse_request():  # an error was sent
+            self.server._problem("bad_request", "a malformed HTTP request got an error answer")
+            return
+        if (refused := self._framing_problem()) is not None:
+            code, why = refused
+            self.close_connection = True
+            self.send_error(code, why)
+            self.server._problem("bad_request", f"a request got {code}: {why}")
             return
         handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
         handler.request_handler = self
         handler.run(self.server.get_app())
+
+    def _framing_problem(self) -> tuple[int, str] | None:
+        """(code, why) when the body of the request cannot be delimited without guessing; None when it can."""
+        lengths = self.headers.get_all("Content-Length") or []
+        if self.headers.get_all("Transfer-Encoding"):
+            if lengths:
+                return 400, "both Transfer-Encoding and Content-Length"
+            return 501, "Transfer-Encoding is not supported; send a Content-Length"
+        if len(lengths) > 1:
+            return 400, "more than one Content-Length"
+        if lengths and not _DIGITS.fullmatch(lengths[0].strip()):
+            return 400, "Content-Length is not a number"
+        return None
 
     def log_message(self, format, *args):  # one line per scrape would drown the log
         pass
 
 
 class _ServerHandler(ServerHandler):
+    def write(self, data) -> None:
+        """HEAD: the headers (with the Content-Length of GET's body), never the body."""
+        if self.environ.get("REQUEST_METHOD") != "HEAD":
+            super().write(data)
+            return
+        if not self.headers_sent:
+            self.bytes_sent = len(data)
+            self.send_headers()
+        else:
+            self.bytes_sent += len(data)
+        self._flush()
+
     def log_exception(self, exc_info) -> None:
         error = exc_info[1]
         if isinstance(error, TimeoutError):  # the client stopped reading the answer
@@ -122,8 +167,8 @@ class _ServerHandler(ServerHandler):
         server = self.request_handler.server
         if not server.traceback_logged:  # the first traceback tells the bug; the rest are counted
             server.traceback_logged = True
-            log.error("http: answering %s failed", self.environ.get("PATH_INFO"), exc_info=exc_info)
-        server._problem("error", f"answering a request failed: {error!r}")
+            log.error("http: answering %s failed", ascii(self.environ.get("PATH_INFO", ""))[:200], exc_info=exc_info)
+        server._problem("error", f"answering a request failed: {_describe(error)}")
 
 
 class _BoundedServer(WSGIServer):
@@ -164,7 +209,7 @@ class _BoundedServer(WSGIServer):
             self._problem("timeout", f"a client did not send its request within {self.request_timeout:g} s "
                                      "(or stopped reading the answer); connection closed")
         except Exception as e:
-            self._problem("error", f"an HTTP connection failed: {e!r}")
+            self._problem("error", f"an HTTP connection failed: {_describe(e)}")
         finally:
             self.shutdown_request(request)
             self._connections.release()
@@ -179,7 +224,12 @@ class _BoundedServer(WSGIServer):
             log.exception("http: on_problem failed")
 
     def handle_error(self, request, client_address) -> None:  # socketserver would print a traceback
-        self._problem("error", f"an HTTP connection failed: {sys.exc_info()[1]!r}")
+        self._problem("error", f"an HTTP connection failed: {_describe(sys.exc_info()[1])}")
+
+
+def _describe(error: BaseException | None) -> str:
+    text = str(error)  # not repr(): a UnicodeEncodeError's quotes the whole answer it could not encode
+    return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
 
 
 class HttpServer:

@@ -1,8 +1,10 @@
 """The sidecar's own health: counters and gauges declared in the spec with ``instrumented_by: exporter``.
 
 Every problem anywhere in the sidecar goes through ``problem()``: it is counted and logged, and never raised
-into the caller. Per component and kind, the first occurrence is logged with its traceback (when it comes
-from an exception); repeats are one line each, at most once a minute.
+into the caller. Per component and kind, the first occurrence is logged with its traceback when it comes from
+an exception that may be a bug; ordinary bad input (``expected=True``, or an OSError or UnicodeError: a
+timeout, a reset connection, an unreadable file, undecodable bytes) is one line. Repeats are one line each, at
+most once a minute.
 """
 
 from __future__ import annotations
@@ -14,11 +16,29 @@ import time
 
 from .. import __version__
 from ..spec import Spec
+from .exposition import safe_text
 from .families import family
 
 log = logging.getLogger(__name__)
 
 _LOG_EVERY_S = 60.0
+_MESSAGE_LIMIT = 400  # a message may quote what came from outside: never a whole /metrics body in the log
+# Exceptions of ordinary bad input and I/O: their one-line message says it all, a traceback would only alarm.
+_EXPECTED = (OSError, UnicodeError)
+
+
+def describe(error: BaseException, limit: int = 200) -> str:
+    """A short "Type: message" of an exception, for a log line (repr() of some quotes all their input)."""
+    text = str(error)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def one_line(message: str, limit: int = _MESSAGE_LIMIT) -> str:
+    """The message on one line that any log handler can write: control characters and lone surrogates escaped."""
+    message = safe_text(message[: limit * 2])
+    return message if len(message) <= limit else message[:limit] + "..."
 
 
 class SpecSeries:
@@ -28,11 +48,12 @@ class SpecSeries:
         self._metrics = {m.name: m for m in spec.instrumented(instrumented_by)}
         self._values: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self._metrics}
         self._lock = threading.Lock()
-        self._const = dict(const_labels or {})
+        # A run name from the command line may hold a lone surrogate: it must not make the registry unencodable.
+        self._const = {name: safe_text(str(value)) for name, value in (const_labels or {}).items()}
 
     def _key(self, name: str, labels: dict[str, str]) -> tuple[str, ...]:
         metric = self._metrics[name]  # KeyError: a name the spec does not declare
-        return tuple(str(labels[label]) for label in metric.labels)
+        return tuple(safe_text(str(labels[label])) for label in metric.labels)
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
         key = self._key(name, labels)
@@ -68,12 +89,14 @@ class SelfMetrics(SpecSeries):
         self.set("verl_exporter_build_info", 1, version=__version__)
 
     def problem(self, component: str, kind: str, message: str, count: bool = True,
-                error: BaseException | None = None) -> None:
+                error: BaseException | None = None, expected: bool = False) -> None:
         """Count a problem of a component and log it, rate-limited per (component, kind).
 
         The first one of a (component, kind) carries the traceback of error, or of the exception being
-        handled when called from an ``except`` block; later ones are one line. count=False for problems
-        that have a counter of their own (rejected lines): log only.
+        handled when called from an ``except`` block; later ones are one line. expected=True says "ordinary
+        bad input, not a bug": never a traceback (nor for an OSError or UnicodeError). count=False for
+        problems that have a counter of their own (rejected lines): log only. The message is logged on one
+        bounded line.
         """
         if count:
             self.inc("verl_exporter_source_errors_total", component=component)
@@ -81,6 +104,9 @@ class SelfMetrics(SpecSeries):
         last = self._last_logged.get((component, kind))
         if last is None or now - last >= _LOG_EVERY_S:
             self._last_logged[(component, kind)] = now
-            first = last is None
-            exc = (error or sys.exc_info()[1]) if first else None
-            log.warning("%s: %s", component, message, exc_info=exc)
+            exc = None
+            if last is None and not expected:
+                exc = error or sys.exc_info()[1]
+                if isinstance(exc, _EXPECTED):
+                    exc = None
+            log.warning("%s: %s", component, one_line(message), exc_info=exc)

@@ -1,6 +1,8 @@
 """The HTTP side: /metrics (Prometheus text or OpenMetrics, as the scraper asks), /healthz and /.
 
-The app knows no metric names: it serves a registry, asks a health callback, and times each scrape.
+The app knows no metric names: it serves a registry, asks a health callback, and times each scrape. Each
+family of /metrics is encoded on its own, so one that cannot be (a label value UTF-8 cannot encode) costs
+only itself, counted, never the scrape. These paths take GET and HEAD; other methods get 405.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import gzip
 import html
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -16,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from .exposition import choose_format, gzip_wanted
 from .httpserver import HttpServer, ListenError, parse_listen
-from .selfmetrics import SelfMetrics
+from .selfmetrics import SelfMetrics, describe
 
 __all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "metrics_app", "parse_listen"]
 
@@ -30,6 +33,18 @@ _INDEX = """<!doctype html><html><head><title>verl-exporter</title></head><body>
 
 # A health callback returns (healthy, details); details go into the JSON body of /healthz.
 HealthFn = Callable[[], tuple[bool, dict]]
+_READ_METHODS = ("GET", "HEAD")
+_EOF = b"# EOF\n"
+
+
+def _method_not_allowed(environ, start_response):
+    """405 for a method other than GET/HEAD on a read-only path, or None when the method is one of them."""
+    if environ.get("REQUEST_METHOD", "GET") in _READ_METHODS:
+        return None
+    body = b"method not allowed: use GET or HEAD\n"
+    start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", ", ".join(_READ_METHODS)),
+                                              ("Content-Length", str(len(body)))])
+    return [body]
 
 
 class SafeCollector:
@@ -69,7 +84,10 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
         if path == "/healthz":
             return health_handler(path, health)(environ, start_response)
         if path == "/":
-            body = _INDEX.format(summary=html.escape(summary)).encode()  # the run name is the user's text
+            if refused := _method_not_allowed(environ, start_response):
+                return refused
+            # The run name is the user's text: escaped for HTML, and for UTF-8 (argv may hold lone surrogates).
+            body = _INDEX.format(summary=html.escape(summary)).encode("utf-8", "backslashreplace")
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [body]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
@@ -84,6 +102,8 @@ def health_handler(path: str, health: HealthFn):
     def handle(environ, start_response):
         if environ.get("PATH_INFO") != path:
             return None
+        if refused := _method_not_allowed(environ, start_response):
+            return refused
         healthy, details = health()
         body = json.dumps({"status": "ok" if healthy else "failing", **details}, sort_keys=True).encode()
         start_response("200 OK" if healthy else "503 Service Unavailable",
@@ -97,24 +117,30 @@ def metrics_app(registry: CollectorRegistry, renderers=(), self_metrics: SelfMet
     """/metrics: the registry through client_python's encoder, then the pre-rendered families.
 
     The format and gzip follow the scraper's Accept and Accept-Encoding, q-values included (q=0: never).
+    Only GET and HEAD (the server sends HEAD's headers alone); other methods get 405.
     """
 
+    def problem(message: str) -> None:
+        if self_metrics is not None:
+            self_metrics.problem("exposition", "render", message, expected=True)
+
     def app(environ, start_response):
+        if refused := _method_not_allowed(environ, start_response):
+            return refused
         encoder, content_type = choose_format(environ.get("HTTP_ACCEPT"))
         openmetrics = content_type.startswith("application/openmetrics-text")
-        body = encoder(registry)
-        extra = []
+        parts = [_encode_registry(encoder, registry, problem)]
         for render in renderers:
             try:
-                extra.append(render(openmetrics))
+                text = render(openmetrics)
             except Exception as e:  # one failing part costs its own series, never the scrape
                 if self_metrics is not None:
-                    self_metrics.problem("exposition", "render", f"rendering failed: {e!r}")
-        tail = "".join(extra).encode()
-        if openmetrics and body.endswith(b"# EOF\n"):
-            body = body[: -len(b"# EOF\n")] + tail + b"# EOF\n"
-        else:
-            body += tail
+                    self_metrics.problem("exposition", "render", f"rendering failed: {describe(e)}")
+                continue
+            parts.append(_encode_text(text, problem))
+        if openmetrics:
+            parts.append(_EOF)
+        body = b"".join(parts)
         headers = [("Content-Type", content_type)]
         if gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING")):
             # Level 1: a third of the CPU of the default 9 for a few percent more bytes on a LAN scrape.
@@ -125,3 +151,61 @@ def metrics_app(registry: CollectorRegistry, renderers=(), self_metrics: SelfMet
         return [body]
 
     return app
+
+
+class _Families:
+    """A registry of given families, for client_python's encoder."""
+
+    def __init__(self, families):
+        self._families = families
+
+    def collect(self):
+        return self._families
+
+
+def _strip_eof(body: bytes) -> bytes:
+    return body[: -len(_EOF)] if body.endswith(_EOF) else body
+
+
+def _encode_registry(encoder, registry, problem) -> bytes:
+    """The registry's families without OpenMetrics' # EOF; family by family when the whole fails to encode."""
+    try:
+        return _strip_eof(encoder(registry))
+    except Exception as e:
+        first = e
+    try:
+        families = list(registry.collect())
+    except Exception as e:  # a collector not wrapped in a SafeCollector: its part is lost, not the scrape
+        problem(f"collecting the registry failed: {describe(e)}")
+        return b""
+    out = []
+    for fam in families:
+        try:
+            out.append(_strip_eof(encoder(_Families([fam]))))
+        except Exception as e:
+            problem(f"family {fam.name} left out of /metrics: {describe(e)}")
+    if len(out) == len(families):  # the whole failed but no family alone: a failure of its own, counted
+        problem(f"the registry failed to encode: {describe(first)}")
+    return b"".join(out)
+
+
+def _encode_text(text: str, problem) -> bytes:
+    """UTF-8 of pre-rendered exposition text; a family that cannot be encoded is left out on its own."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for family in _split_families(text):
+        try:
+            out.append(family.encode())
+        except UnicodeEncodeError as e:
+            name = family.split(" ", 3)[2] if family.startswith("# HELP ") else "?"
+            problem(f"family {name.encode('ascii', 'backslashreplace').decode()} left out of /metrics: {e.reason}")
+    return b"".join(out)
+
+
+def _split_families(text: str) -> list[str]:
+    """Exposition text cut before each "# HELP" line (a label value cannot start a line: newlines are escaped)."""
+    starts = [0] + [m.start() + 1 for m in re.finditer("\n# HELP ", text)]
+    return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]

@@ -220,7 +220,7 @@ class Relay:
 
     def _http_problem(self, kind: str, message: str) -> None:
         """A connection the server dropped: counted as the answer a client would have had (408 or 503)."""
-        code = {"timeout": "408", "overload": "503"}.get(kind)
+        code = {"timeout": "408", "overload": "503", "bad_request": "400"}.get(kind)
         if code is not None:
             self.metrics.inc("verl_relay_requests_total", receiver="unknown", code=code)
         log.debug("http: %s", message)

@@ -3,6 +3,11 @@
 Literal keys are looked up in a dict; patterns are tried in spec order. Results are cached, since a run
 logs the same keys every step; the cache is bounded so that a stream of ever-new keys cannot grow it.
 Sources with ``when_absent`` depend on the whole line, not on one key: ``conditional`` answers them.
+
+A label value captured from a key is where text from outside enters the exposition: lone surrogates (a JSON
+``\\ud800`` escape, a name decoded from non-UTF-8 bytes) and control characters are escaped here
+(``Resolved.escaped`` says why, for the store to count), and a value longer than MAX_LABEL_LENGTH once
+escaped is refused ("label_too_long").
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..core.exposition import safe_label_value
 from ..spec import UNMAPPED_PREFIX, MetricSpec, Spec
 
 _CACHE_LIMIT = 20_000
@@ -26,6 +32,7 @@ class Resolved:
     metric: MetricSpec
     label_values: tuple[str, ...]  # in the order of metric.labels
     scale: float
+    escaped: str = ""  # why a label value was escaped ("not_utf8", "control_char"); "" when none was
 
 
 def unmapped_name(key: str) -> str:
@@ -49,10 +56,10 @@ class KeyMapper:
                     self._literal[rule.pattern] = Resolved(metric, values, rule.scale)
                 else:
                     self._patterns.append((metric, rule))
-        self._cache: dict[str, Resolved | None] = {}
+        self._cache: dict[str, Resolved | None | str] = {}
 
-    def resolve(self, key: str) -> Resolved | None:
-        """The metric a key feeds, or None when no spec entry matches it."""
+    def resolve(self, key: str) -> Resolved | None | str:
+        """The metric a key feeds, None when no spec entry matches it, or "label_too_long"."""
         try:
             return self._cache[key]
         except KeyError:
@@ -68,7 +75,7 @@ class KeyMapper:
         """The extra (key, target) pairs a line feeds: a key standing in for another key the line lacks."""
         return [(key, target) for key, absent, target in self._conditional if key in line and absent not in line]
 
-    def _match_patterns(self, key: str) -> Resolved | None:
+    def _match_patterns(self, key: str) -> Resolved | None | str:
         for metric, rule in self._patterns:
             m = rule.regex.fullmatch(key)
             if m is None:
@@ -76,7 +83,15 @@ class KeyMapper:
             captured = m.groupdict()
             if any(captured[k] not in allowed for k, allowed in rule.allowed.items()):
                 continue
-            values = tuple(captured[name] if name in captured else rule.const_labels[name]
-                           for name in metric.labels)
-            return Resolved(metric, values, rule.scale)
+            values, escaped = [], ""
+            for name in metric.labels:
+                if name in captured:
+                    value, why = safe_label_value(captured[name])
+                    if len(value) > MAX_LABEL_LENGTH:
+                        return "label_too_long"
+                    escaped = escaped or why
+                else:
+                    value = rule.const_labels[name]
+                values.append(value)
+            return Resolved(metric, tuple(values), rule.scale, escaped)
         return None

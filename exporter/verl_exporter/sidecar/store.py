@@ -3,6 +3,9 @@
 ``ingest()`` takes one logged step (verl's ``data`` dict) and maps each key through the spec; ``render()``
 copies the values under a short lock (``series()``) and renders the text outside it, so a scrape never waits
 on a source for longer than one copy and a source never waits on a slow scraper.
+
+Whatever a key or value is (a key whose str() raises, an object whose __float__ does, a huge int, a label
+value UTF-8 cannot encode), it costs only itself: it is counted, and the other keys of the step are kept.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from typing import Any
 
 from ..core.detect import Detectors
 from ..core.exposition import TextRenderer
-from ..core.selfmetrics import SelfMetrics
+from ..core.selfmetrics import SelfMetrics, describe
 from ..spec import MetricSpec, Spec
-from .mapper import MAX_KEY_LENGTH, MAX_LABEL_LENGTH, KeyMapper, Resolved, unmapped_name
+from .mapper import MAX_KEY_LENGTH, KeyMapper, Resolved, unmapped_name
+
+COMPONENT = "store"
 
 DEFAULT_MAX_UNMAPPED = 100
 # Deeper nesting than this in a logged dict is not flattened further (a guard against cycles and abuse).
@@ -57,14 +62,14 @@ def as_number(value: Any) -> float | str:
     if isinstance(value, Mapping):
         return "too_deep"
     # numpy scalars and 0-d tensors; never reached on the training thread (see Monitor).
-    if hasattr(value, "__float__"):
-        try:
-            return float(value)
-        except OverflowError:
-            return "out_of_range"
-        except (TypeError, ValueError, RuntimeError):
-            return "not_a_scalar"
-    return "other"
+    try:
+        if not hasattr(value, "__float__"):
+            return "other"
+        return float(value)
+    except OverflowError:
+        return "out_of_range"
+    except Exception:  # whatever a custom __float__ (or __getattr__) raises: a bad value, not our bug
+        return "not_a_scalar"
 
 
 def as_step(step: Any) -> float | None:
@@ -101,7 +106,8 @@ class TrainingStore:
         self._step_time_metric = spec.with_field("step_time")
         self._nonfinite_metric = spec.with_field("nonfinite")
         self._unmapped_specs: dict[str, MetricSpec] = {}
-        self._renderer = TextRenderer(self._const)
+        self._renderer = TextRenderer(self._const, on_error=lambda name, e: self_metrics.problem(
+            "exposition", "family", f"family {name} left out of /metrics: {describe(e)}"))
         # Step-domain baselines of the spec's adaptive signals, exported as verl_detector_* gauges.
         self.detectors = Detectors.from_spec(spec)
 
@@ -111,14 +117,16 @@ class TrainingStore:
         new_step = False
         with self._lock:
             for key, raw in data.items():
-                # Fast path first: verl's values are floats and ints; flatten only what is nested.
-                if type(raw) is float and type(key) is str:
-                    self._put(key, raw)
-                elif isinstance(raw, Mapping):
-                    for sub_key, sub_raw in flatten(raw, f"{key}/"):
-                        self._put_raw(sub_key, sub_raw)
-                else:
-                    self._put_raw(key, raw)
+                try:  # free when nothing raises; what does costs this key alone
+                    # Fast path first: verl's values are floats and ints; flatten only what is nested.
+                    if type(raw) is float and type(key) is str:
+                        self._put(key, raw)
+                    elif isinstance(raw, Mapping):
+                        self._put_nested(key, raw)
+                    else:
+                        self._put_raw(key, raw)
+                except Exception as e:  # every bad input is handled above: this is a bug, with its traceback
+                    self._self.problem(COMPONENT, "ingest", f"could not store a value: {describe(e)}")
             for key, resolved in self._mapper.conditional(data):
                 value = as_number(data[key])
                 if not isinstance(value, str):  # a rejected value was counted once already, above
@@ -134,7 +142,10 @@ class TrainingStore:
                 self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
         if new_step:
             # Outside the lock (a scrape never waits for it); each signal swaps in a new stats dict at once.
-            self.detectors.observe(step, data, seen_at)
+            try:
+                self.detectors.observe(step, data, seen_at)
+            except Exception as e:  # the stored values stay; the baselines skip this step
+                self._self.problem(COMPONENT, "detectors", f"the detectors could not take step {step!r}: {describe(e)}")
 
     def count_nonfinite(self, data: Mapping) -> None:
         """Count the NaN/Inf values of a logged step without exporting its values.
@@ -160,31 +171,43 @@ class TrainingStore:
         with self._lock:
             self._nonfinite.clear()
 
+    def _put_nested(self, key: Any, raw: Mapping) -> None:
+        try:
+            items = list(flatten(raw, f"{key}/"))
+        except Exception:  # a key whose str() raises, a mapping that cannot be iterated
+            self._self.inc("verl_exporter_values_rejected_total", reason="bad_key")
+            return
+        for sub_key, sub_raw in items:
+            self._put_raw(sub_key, sub_raw)
+
     def _put_raw(self, key: Any, raw: Any) -> None:
         value = as_number(raw)
         if isinstance(value, str):
             self._self.inc("verl_exporter_values_rejected_total", reason=value)
-        else:
-            self._put(str(key), value)
+            return
+        if type(key) is not str:
+            try:
+                key = str(key)
+            except Exception:  # Monitor.log() takes any hashable key
+                self._self.inc("verl_exporter_values_rejected_total", reason="bad_key")
+                return
+        self._put(key, value)
 
     def _resolve(self, key: str) -> Resolved | None | str:
         """The spec entry a key feeds (None: unmapped), or the reason it is too long to export."""
-        length = len(key)
-        if length > MAX_KEY_LENGTH:
+        if len(key) > MAX_KEY_LENGTH:
             return "key_too_long"
-        resolved = self._mapper.resolve(key)
-        # A label value is part of its key: only a long key can hold a long one (keeps the hot path short).
-        if length > MAX_LABEL_LENGTH and resolved and any(len(v) > MAX_LABEL_LENGTH for v in resolved.label_values):
-            return "label_too_long"
-        return resolved
+        return self._mapper.resolve(key)  # which refuses a label value too long to export
 
     def _put(self, key: str, value: float, resolved: Resolved | None = None) -> None:
         """Store one value; ``resolved`` when the caller already knows the entry (a key standing in)."""
         if resolved is None:
-            resolved = self._mapper.resolve(key) if len(key) <= MAX_LABEL_LENGTH else self._resolve(key)
+            resolved = self._mapper.resolve(key) if len(key) <= MAX_KEY_LENGTH else "key_too_long"
         if resolved.__class__ is str:
             self._self.inc("verl_exporter_values_rejected_total", reason=resolved)
             return
+        if resolved is not None and resolved.escaped:
+            self._self.inc("verl_exporter_label_values_escaped_total", reason=resolved.escaped)
         if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
             # Counted before any cap, and under a name that depends on the key alone, so that the count
             # can be rebuilt from the file after a restart (see count_nonfinite).

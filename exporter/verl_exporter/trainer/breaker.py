@@ -276,5 +276,5 @@ def _as_float(raw: Any) -> float | None:
         return float(raw)
     try:
         return float(raw)
-    except (TypeError, ValueError):
+    except Exception:  # a string, an int beyond a float's range, an object whose __float__ raises
         return None

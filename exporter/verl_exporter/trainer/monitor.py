@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.selfmetrics import SelfMetrics
+from ..core.selfmetrics import SelfMetrics, describe
 from ..sidecar.config import ServeConfig
 from ..sidecar.control import ControlReader
 
@@ -36,21 +36,46 @@ COMPONENT = "monitor"
 _WORKER_PERIOD_S = 0.2
 
 
-def _jsonable(value: Any) -> Any:
-    """verl's file logger writes NaN/Inf as null (orjson); keep that contract for the sidecar."""
+_MAX_DEPTH = 8  # as the store flattens: deeper values are not exported either
+
+
+def _jsonable(value: Any, depth: int = 1) -> Any:
+    """verl's file logger writes NaN/Inf as null (orjson); keep that contract for the sidecar.
+
+    Never raises: a key whose str() raises is left out (the other keys are kept), and what JSON cannot hold
+    (a cycle, an integer of thousands of digits, an object without a number) becomes a string the sidecar
+    counts as a rejected value.
+    """
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (int, str, bool)) or value is None:
+    if isinstance(value, (str, bool)) or value is None:
         return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+    if isinstance(value, int):
+        return value if -_BIG_INT < value < _BIG_INT else "(integer out of range)"
+    if isinstance(value, (Mapping, list, tuple)):
+        if depth >= _MAX_DEPTH:
+            return "(nested too deep)"
+        if not isinstance(value, Mapping):
+            return [_jsonable(v, depth + 1) for v in value]
+        out = {}
+        for k, v in value.items():
+            try:
+                out[k if isinstance(k, str) else str(k)] = _jsonable(v, depth + 1)
+            except Exception:  # a key whose str() raises
+                continue
+        return out
     try:
         number = float(value)  # numpy scalars, 0-d tensors
-    except (TypeError, ValueError, RuntimeError):
-        return str(value)
+    except Exception:
+        try:
+            return str(value)[:_MAX_TEXT]
+        except Exception:
+            return "(unprintable)"
     return number if math.isfinite(number) else None
+
+
+_BIG_INT = 10**300  # beyond a float's range: the sidecar could not export it, and json may refuse its digits
+_MAX_TEXT = 200
 
 
 class Monitor:
@@ -238,19 +263,30 @@ class Monitor:
             try:
                 self._publish_drops()
                 while self._queue:
-                    step, data, seen_at = self._queue.popleft()
-                    if self.breaker is not None:
-                        self._observe_breaker(step, data)
-                    if self._sidecar:
-                        self._sidecar.store.ingest(step, data, seen_at)
-                        self._self.inc("verl_exporter_lines_parsed_total", source=SOURCE)
-                    else:
-                        self._write_line(step, data)
+                    self._publish(*self._queue.popleft())
                 if self._file:
                     self._file.flush()
             except Exception as e:  # monitoring never raises into training, nor kills its worker
                 if self._sidecar:
-                    self._self.problem(COMPONENT, "drain", f"could not publish a step: {e!r}")
+                    self._self.problem(COMPONENT, "drain", f"could not publish a step: {describe(e)}")
+
+    def _publish(self, step, data, seen_at) -> None:
+        """One step; whatever fails costs this step's part alone (the breaker, the store or the file)."""
+        if self.breaker is not None:
+            try:
+                self._observe_breaker(step, data)
+            except Exception as e:
+                if self._sidecar:
+                    self._self.problem(COMPONENT, "breaker", f"the breaker could not take a step: {describe(e)}")
+        try:
+            if self._sidecar:
+                self._sidecar.store.ingest(step, data, seen_at)
+                self._self.inc("verl_exporter_lines_parsed_total", source=SOURCE)
+            else:
+                self._write_line(step, data)
+        except Exception as e:
+            if self._sidecar:
+                self._self.problem(COMPONENT, "drain", f"could not publish a step: {describe(e)}")
 
     def _observe_breaker(self, step, data) -> None:
         anomalies, trip = self.breaker.observe(step, data)
@@ -275,5 +311,5 @@ class Monitor:
     def _write_line(self, step, data) -> None:
         if self._file is None:
             self._file = open(self._file_path, "ab")  # noqa: SIM115 - kept open across steps
-        line = json.dumps({"step": step, "data": _jsonable(data)}, separators=(",", ":"), allow_nan=False)
+        line = json.dumps({"step": _jsonable(step), "data": _jsonable(data)}, separators=(",", ":"), allow_nan=False)
         self._file.write(line.encode() + b"\n")
