@@ -112,6 +112,7 @@ def test_fast_exposition_matches_client_python():
     """exposition.py renders what client_python would, in both formats."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+    from verl_exporter.core.exposition import safe_text
     from verl_exporter.core.families import family
 
     ctx = make_context(None)
@@ -128,14 +129,16 @@ def test_fast_exposition_matches_client_python():
     sampler = Sampler([Mixed(ctx)], ctx.spec, ctx.self_metrics, const)
     sampler.run_once(sampler.collectors[0])
 
-    class AsFamilies:  # the same series as client_python's own metric families
+    class AsFamilies:  # the same series as client_python's own metric families, control characters escaped
         def collect(self):
-            return [family(metric, rows, const) for metric, rows in sampler.series()]
+            return [family(metric, {tuple(safe_text(v) for v in key): value for key, value in rows.items()}, const)
+                    for metric, rows in sampler.series()]
 
     registry = CollectorRegistry()
     registry.register(AsFamilies())
     assert sampler.render() == generate_latest(registry).decode()
     assert sampler.render(openmetrics=True) + "# EOF\n" == generate_openmetrics(registry).decode()
+    assert 'period="a\\"b\\\\c\\\\x0ad"' in sampler.render()  # the newline garbles no legend
 
 
 def test_dropped_series_are_counted_once_per_sample_not_per_scrape():
@@ -222,3 +225,24 @@ def test_a_collector_stuck_on_its_first_sample_delays_serving_only_a_bounded_tim
     finally:
         hang.set()
         sidecar.stop()
+
+
+def test_a_sample_whose_value_is_not_a_number_is_counted_and_costs_only_itself():
+    # Before, the value reached the renderer, which left the whole family out of /metrics without a count.
+    ctx = make_context(None)
+
+    class Odd(Collector):
+        name = "host"
+
+        def sample(self):
+            return [("verl_host_load_average", {"period": "1m"}, "high"), ("verl_host_load_average", {"period": "5m"},
+                                                                           0.5),
+                    ("verl_host_memory_total_bytes", {}, 8)]
+
+    sampler = Sampler([Odd(ctx)], ctx.spec, ctx.self_metrics)
+    assert sampler.run_once(sampler.collectors[0])
+    m = parse_metrics(sampler.render())
+    assert sample(m, "verl_host_load_average", period="5m") == 0.5
+    assert sample(m, "verl_host_load_average", period="1m") is None
+    assert sample(m, "verl_host_memory_total_bytes") == 8
+    assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="host") == 1

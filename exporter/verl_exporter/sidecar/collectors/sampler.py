@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 
 from ...core.exposition import TextRenderer
-from ...core.selfmetrics import SelfMetrics
+from ...core.selfmetrics import SelfMetrics, describe
 from ...spec import MetricSpec, Spec
 from .base import Collector
 
@@ -32,7 +32,9 @@ class Sampler:
         self._spec = spec
         self._self = self_metrics
         self._const = dict(const_labels or {})
-        self._renderer = TextRenderer(self._const)
+        # A family that still fails to render (values are checked in _group) costs only itself, counted.
+        self._renderer = TextRenderer(self._const, on_error=lambda name, e: self_metrics.problem(
+            "exposition", "family", f"family {name} left out of /metrics: {describe(e)}"))
         self._interval = interval
         self._slow_interval = slow_interval
         # collector name -> (fast rows, slow rows, both merged under the caps) as {metric: {label values: value}};
@@ -119,7 +121,14 @@ class Sampler:
             except KeyError as e:
                 self._self.problem(collector, "bad_sample", f"sample {metric_name}{labels} does not fit the spec: {e}")
                 continue
-            out.setdefault(metric_name, {})[key] = value
+            try:
+                # Checked here, once per sample, so that the scrape never meets a value it cannot render.
+                number = float(value)
+            except (TypeError, ValueError, OverflowError) as e:
+                self._self.problem(collector, "bad_sample", f"sample {metric_name} has a value that is not a "
+                                   f"number: {describe(e)}")
+                continue
+            out.setdefault(metric_name, {})[key] = number
         return out
 
     def _capped(self, *parts: dict, count: bool = True) -> dict[str, dict[tuple[str, ...], float]]:
