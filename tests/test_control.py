@@ -72,7 +72,8 @@ def test_control_endpoint_needs_the_token_and_records_requests(serve, tmp_path):
     assert post(url + "reboot", TOKEN)[0] == 404
     assert post(url + "stop", TOKEN, b"not json")[0] == 400
     assert post(url + "stop", TOKEN, b"x" * 5000)[0] == 413
-    assert http_get(url + "stop")[0] == 405
+    status, headers, _ = http_get(url + "stop")
+    assert status == 405 and headers.get("Allow") == "POST"  # RFC 9110: a 405 says which methods are allowed
     status, body = post(url + "checkpoint", TOKEN, json.dumps({"reason": "VerlNonFiniteGradNorm"}).encode())
     assert status == 200 and body["applied"] and body["state"]["checkpoint_seq"] == 1
     first = post(url + "stop", TOKEN)[1]

@@ -351,15 +351,16 @@ def make_control_app(state: ControlState, token: str, self_metrics):
             return None
         action = path[len("/control/"):]
 
-        def reply(code: str, body: dict, result: str):
+        def reply(code: str, body: dict, result: str, extra_headers=()):
             self_metrics.inc("verl_exporter_control_requests_total", action=action if action in ACTIONS else "other",
                              result=result)
             data = json.dumps(body).encode()
-            start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+            start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
+                                  *extra_headers])
             return [data]
 
         if environ.get("REQUEST_METHOD") != "POST":
-            return reply("405 Method Not Allowed", {"error": "use POST"}, "bad_request")
+            return reply("405 Method Not Allowed", {"error": "use POST"}, "bad_request", [("Allow", "POST")])
         if action not in ACTIONS:
             return reply("404 Not Found", {"error": f"unknown action; use one of {list(ACTIONS)}"}, "bad_request")
         if not bearer_token_ok(environ.get("HTTP_AUTHORIZATION"), token):
