@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -30,11 +31,21 @@ def test_generate_writes_every_schema():
     assert sorted(schema_files(load_spec())) == sorted(f"{SCHEMA_DIR}/{k}.schema.json" for k in SCHEMAS)
 
 
+def source_files(pattern: str) -> list[Path]:
+    """The checkout's own files matching pattern: what git tracks or would track, never build outputs (the
+    build/ copy a plain `pip install .` leaves points to schemas by paths that only hold in the source tree)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", pattern],
+                                cwd=REPO, capture_output=True, check=True, timeout=30).stdout
+        return sorted(REPO / name for name in listed.decode().split("\0") if name and (REPO / name).is_file())
+    except (OSError, subprocess.SubprocessError):  # not a git checkout (an unpacked sdist): skip what git ignores
+        skip = {".venv", "node_modules", "build", "dist", ".git"}
+        return sorted(p for p in REPO.glob(pattern) if not skip & set(p.relative_to(REPO).parts))
+
+
 def pointing_files() -> list[Path]:
     out = []
-    for path in sorted(REPO.glob("**/*.y*ml")):
-        if ".venv" in path.parts or "node_modules" in path.parts:
-            continue
+    for path in source_files("*.y*ml"):
         head = path.read_text(encoding="utf-8", errors="replace")[:2000]
         if POINTER.search(head):
             out.append(path)
