@@ -176,7 +176,7 @@ def check(follower: VerlFileFollower, store: TrainingStore, sm: SelfMetrics, mod
     text = served_text(store, sm)
     families = list(text_string_to_metric_families(text))  # valid exposition
     assert families
-    assert len(follower._buf) <= MAX_LINE
+    assert follower._lines.pending <= MAX_LINE
     assert len(store._unmapped) <= MAX_UNMAPPED and len(store._nonfinite) <= 256
     assert follower.status() in ("ok", "waiting")
     assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
