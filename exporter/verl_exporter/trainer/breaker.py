@@ -276,5 +276,5 @@ def _as_float(raw: Any) -> float | None:
         return float(raw)
     try:
         return float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer of hundreds of digits
         return None
