@@ -62,15 +62,8 @@ event = st.one_of(
 
 def classify(line: bytes) -> str:
     """What the follower must make of one complete line: blank, parsed or rejected."""
-    if not line.strip():
-        return "blank"
-    if len(line) > MAX_LINE:
-        return "rejected"
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        return "rejected"
-    return "parsed" if isinstance(obj, dict) and isinstance(obj.get("data"), dict) else "rejected"
+    reason = expected_reason(line)
+    return "parsed" if reason is None else "blank" if reason == "blank" else "rejected"
 
 
 class Model:

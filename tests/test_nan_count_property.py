@@ -119,7 +119,8 @@ def test_a_restart_counts_the_nans_the_live_follower_counted(first, second, data
                     restarted.poll()
                     assert store.nonfinite_counts() == expected, f"restart at byte {cut} of {content_!r}"
                 if later is None and data.draw(st.booleans(), "a restart that goes on following"):
-                    later = follower(path, data.draw(st.integers(0, cut + 5), "its tail"), data.draw(chunks, "its chunk"))
+                    tail = data.draw(st.integers(0, cut + 5), "its tail")
+                    later = follower(path, tail, data.draw(chunks, "its chunk"))
                 if later is not None:
                     later[0].poll()
                     assert later[1].nonfinite_counts() == expected
