@@ -466,3 +466,19 @@ def test_a_bad_line_logs_one_clear_line_without_a_traceback(make, caplog, bad, r
     assert records[0].exc_info is None and "Traceback" not in caplog.text
     assert sm.value("verl_exporter_lines_rejected_total", source="file", reason=reason) == 1
     assert store.value("verl_actor_learning_rate") == 2.0
+
+
+def test_a_rewrite_with_the_same_first_bytes_that_regrew_past_our_offset_is_detected(make):
+    # A resumed run whose first lines read like the old run's (the same first 256 bytes and more), and which
+    # wrote past our offset before our next poll: the size and the head alone cannot tell.
+    common = b"".join(line(s, **{"actor/pg_loss": 0.1}) for s in range(1, 10))
+    path, f, store, sm, _ = make()
+    path.write_bytes(common + nan_run(30, {20}))
+    f.poll()
+    assert store.nonfinite_counts() == {"verl_actor_grad_norm": 1.0}
+    with open(path, "wb") as fh:
+        fh.write(common + b"".join(line(s, **{"actor/grad_norm": None, "actor/lr": float(s)}) for s in range(10, 80)))
+    f.poll()
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
+    assert store.nonfinite_counts() == {"verl_actor_grad_norm": 70.0}  # the new file's, as a restart counts
+    assert store.step == 79 and store.value("verl_actor_learning_rate") == 79.0

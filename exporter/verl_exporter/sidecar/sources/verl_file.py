@@ -3,7 +3,8 @@
 What the follower copes with, because verl and real file systems do it:
 - the file does not exist yet (the sidecar starts before the trainer): wait, healthy;
 - verl opens it with "wb", so a restarted or resumed run truncates it: detected by the size going below
-  our offset, or by the first bytes of the file changing when it regrew past our offset between polls;
+  our offset, or, when it regrew past our offset between polls, by its first bytes or the bytes just before
+  our offset changing;
 - rotation or replacement (a new inode at the path): the old file is read to its end, then the new one
   from its start;
 - a partial last line still being written: kept until its newline arrives;
@@ -41,6 +42,7 @@ DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 DEFAULT_RECOVER_BYTES = 8 * 1024 * 1024
 _CHUNK = 1024 * 1024
 _HEAD = 256  # bytes of the file's start kept to recognise a truncate-and-rewrite
+_MARK = 64  # and of the bytes just before where we stopped, for a rewrite that starts alike
 # What a line whose data holds a NaN or Inf contains (see may_be_nonfinite): null (orjson), NaN or
 # Infinity (json), or a float literal that overflows. A literal overflows only if it reaches 1.8e308: with
 # an exponent of at most 2 digits (at most e+99) its integer part then has at least 309 - 99 = 210 digits.
@@ -170,6 +172,7 @@ class VerlFileFollower:
         self._offset = 0
         self._chunk = chunk_bytes
         self._head = b""
+        self._mark = b""  # the last bytes read, up to _MARK: they must still be there, before our offset
         self._lines = LineSplitter(max_line_bytes)
         self._first_open = True
         self._state = "waiting"
@@ -267,7 +270,7 @@ class VerlFileFollower:
         self._read_available()
 
     def _check_truncated(self, size: int) -> None:
-        if size < self._offset or not self._same_head(size):
+        if size < self._offset or not self._same_head(size) or not self._same_mark():
             self._reset("truncated")
 
     def _open(self, ident: tuple[int, int], size: int) -> None:
@@ -280,6 +283,7 @@ class VerlFileFollower:
             # Sidecar restart on a long run: only the tail matters for the latest values.
             self._offset, skipping = self._tail_start(size - self._recover, size)
             self._lines.reset(skipping)
+        self._mark = os.pread(self._fd, min(_MARK, self._offset), self._offset - min(_MARK, self._offset))
         self._store.reset_nonfinite()  # the count is per file: a restart rebuilds the same number
         if self._offset:
             self._count_nonfinite_before(self._offset)
@@ -317,6 +321,13 @@ class VerlFileFollower:
         self._head = current  # grows to _HEAD bytes as the first line is written
         return True
 
+    def _same_mark(self) -> bool:
+        """False when the bytes just before our offset are not the ones we read there: the file was rewritten
+        with a start like the old one's (a resumed run's first line may be) and regrew past our offset."""
+        if self._offset <= _HEAD:  # the head covers them
+            return True
+        return os.pread(self._fd, len(self._mark), self._offset - len(self._mark)) == self._mark
+
     def _count_nonfinite_before(self, end: int) -> None:
         """Count the NaNs of the lines before the recovered tail, as the live follower counted them: the same
         splitter and parser; lines that cannot hold a NaN are not parsed (the bulk of a restart's time)."""
@@ -336,6 +347,7 @@ class VerlFileFollower:
         self._self.inc("verl_exporter_source_resets_total", reason=reason)
         self._store.reset_nonfinite()
         self._offset = 0
+        self._mark = b""
         self._lines.reset()
         if self._fd is not None:
             self._head = os.pread(self._fd, _HEAD, 0)
@@ -348,6 +360,7 @@ class VerlFileFollower:
             if not chunk:
                 return
             self._offset += len(chunk)
+            self._mark = chunk[-_MARK:] if len(chunk) >= _MARK else (self._mark + chunk)[-_MARK:]
             lines, too_long = self._lines.feed(chunk)
             for _ in range(too_long):
                 self._reject(Rejected("too_long", f"longer than {self._max_line} bytes"))
