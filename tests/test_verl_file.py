@@ -482,3 +482,18 @@ def test_a_rewrite_with_the_same_first_bytes_that_regrew_past_our_offset_is_dete
     assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
     assert store.nonfinite_counts() == {"verl_actor_grad_norm": 70.0}  # the new file's, as a restart counts
     assert store.step == 79 and store.value("verl_actor_learning_rate") == 79.0
+
+
+def test_a_file_system_error_logs_one_clear_line_without_a_traceback(make, caplog):
+    import logging
+
+    path, f, store, sm, _ = make()
+    path.write_bytes(b"")
+    blocked = path.parent / "not_a_dir"
+    blocked.write_bytes(b"")
+    f.path = str(blocked / "run.jsonl")  # stat: Not a directory
+    with caplog.at_level(logging.WARNING, logger="verl_exporter"):
+        f.poll()
+    assert f.status().startswith("error: cannot stat")
+    assert [r.exc_info for r in caplog.records] == [None] and "Traceback" not in caplog.text
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 1
