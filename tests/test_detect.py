@@ -246,3 +246,43 @@ def test_the_breaker_skips_a_400_digit_integer_instead_of_raising():
         b.observe(step, {"actor/pg_loss": 0.1, "actor/grad_norm": 0.5, "critic/score/mean": 0.3})
     anomalies, trip = b.observe(30, {"actor/pg_loss": 10**400, "actor/grad_norm": -(10**400)})  # raised
     assert trip is None and not [a for a in anomalies if a.kind == "nonfinite"]
+
+
+def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
+    """Property: after any steps and resumes, a signal is as if fed only the steps that stand (each resume
+    drops the steps from its point on) - while the resume goes back no further than the window it keeps."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    events = st.lists(st.one_of(
+        st.tuples(st.just("run"), st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=15)),
+        st.tuples(st.just("resume"), st.integers(2, 10), st.lists(st.floats(0, 10), min_size=1, max_size=5)),
+    ), max_size=8)
+
+    @settings(max_examples=200, deadline=None)
+    @given(events)
+    def check(evs):
+        spec = SignalSpec("x", "m", window=10, hold=3, level_steps=5, min_steps=10)
+        det, standing = SignalDetector(spec), []
+        for ev in evs:
+            if ev[0] == "run":
+                start = standing[-1][0] + 1 if standing else 1
+                new = list(enumerate(ev[1], start))
+            else:
+                back = ev[1] if ev[1] < spec.window else len(standing)
+                if back < 2 or back > len(standing):
+                    continue  # (a step logged again at once is a duplicate line, not a resume)
+                at = standing[-back][0]  # resumed: the steps from `at` on are logged again
+                standing = [(s, x) for s, x in standing if s < at]
+                new = list(enumerate(ev[2], at))
+            for s, x in new:
+                det.observe(s, x)
+            standing += new
+            fresh = SignalDetector(spec)
+            for s, x in standing:
+                fresh.observe(s, x)
+            assert list(det.values) == list(fresh.values) and det.stats == fresh.stats
+            assert (det.peak, det.floor_level, list(det.zs), list(det.spikes)) == (
+                fresh.peak, fresh.floor_level, list(fresh.zs), list(fresh.spikes))
+
+    check()

@@ -145,9 +145,9 @@ class SignalDetector:
         self.peak: float | None = None
         self.floor_level: float | None = None
         self.stats: dict[str, float] = {"steps": 0.0}
-        # The steps seen, as many as any of the deques above holds: what a rewind rebuilds them from.
-        self._seen: deque[_Seen] = deque(maxlen=max(spec.window, spec.level_steps, spec.hold))
-        self._forgot = False  # steps fell off _seen: a rewind past all of it cannot be rebuilt
+        # The last steps seen, what a rewind rebuilds the deques above from: twice what any of them holds, so
+        # that a resume up to a window back leaves the window as full as a run that never went past it.
+        self._seen: deque[_Seen] = deque(maxlen=2 * max(spec.window, spec.level_steps, spec.hold))
 
     def value_in(self, data: Mapping[str, Any]) -> float | None:
         for key, scale in self.keys:
@@ -158,21 +158,20 @@ class SignalDetector:
 
     def rewind(self, step: Any, keep_step: bool = True) -> None:
         """Forget the steps after `step` (and `step` itself unless keep_step): a resumed run logs them again.
-        The state is then what it was right after the last step kept; with none kept it starts afresh."""
+        The state is then what it was right after the last step kept (the window holds fewer steps when the
+        resume goes back over a window); with none kept it starts afresh."""
         seen = self._seen
         while seen and (_before(step, seen[-1].step) or (not keep_step and seen[-1].step == step)):
             seen.pop()
-        if not seen and self._forgot:
-            self._forgot = False  # the state before the resume point is gone with the steps that fell off
         kept = list(seen)
         self.values.clear()
         self.values.extend(e.x for e in kept[-self.spec.window:])
         self.recent.clear()
         self.recent.extend(e.x for e in kept[-self.recent.maxlen:])
         self.zs.clear()
-        self.zs.extend(e.z for e in kept[-self.spec.hold:] if e.z is not None)
+        self.zs.extend(e.z for e in kept if e.z is not None)  # the deques keep the last `hold` of them
         self.spikes.clear()
-        self.spikes.extend(e.spike for e in kept[-self.spec.hold:] if e.spike is not None)
+        self.spikes.extend(e.spike for e in kept if e.spike is not None)
         last = kept[-1] if kept else None
         self.last_step = last.step if last else None
         self.peak, self.floor_level = (last.peak, last.floor) if last else (None, None)
@@ -235,8 +234,6 @@ class SignalDetector:
                 stats.update(peak_level=self.peak, floor_level=self.floor_level)
         stats["steps"] = float(len(self.values))
         self.stats = stats
-        if len(self._seen) == self._seen.maxlen:
-            self._forgot = True
         self._seen.append(_Seen(step, x, z, spike, self.peak, self.floor_level, stats))
         return stats
 
