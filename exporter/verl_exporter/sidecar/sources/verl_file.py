@@ -43,12 +43,11 @@ DEFAULT_RECOVER_BYTES = 8 * 1024 * 1024
 _CHUNK = 1024 * 1024
 _HEAD = 256  # bytes of the file's start kept to recognise a truncate-and-rewrite
 _MARK = 64  # and of the bytes just before where we stopped, for a rewrite that starts alike
-# What a line whose data holds a NaN or Inf contains (see may_be_nonfinite): null (orjson), NaN or
-# Infinity (json), or a float literal that overflows. A literal overflows only if it reaches 1.8e308: with
+# What a line whose data holds a NaN or Inf contains: null (orjson), NaN or Infinity (json; -Infinity too),
+# or a float literal that overflows (json reads it as Inf). A literal overflows only if it reaches 1.8e308: with
 # an exponent of at most 2 digits (at most e+99) its integer part then has at least 309 - 99 = 210 digits.
 # So: an exponent of 3 or more digits, or a run of 210 digits. Digits are mapped to 0 and E to e first, so
 # that one literal-prefixed regex and one substring search find them (a regex on raw digits is 10x slower).
-_NONFINITE_WORDS = (b"null", b"NaN", b"Infinity")
 _NUMBER_SHAPE = bytes.maketrans(b"123456789E", b"000000000e")
 _LONG_EXPONENT = re.compile(rb"e\+?000")
 _LONG_MANTISSA = b"0" * 210
@@ -100,7 +99,7 @@ def _encodable_keys(data: Mapping, depth: int = 0) -> dict:
 
 
 def may_be_nonfinite(line: bytes) -> bool:
-    """False only for a line whose data cannot hold a NaN or Inf once parsed (see _NONFINITE_WORDS)."""
+    """False only for a line whose data cannot hold a NaN or Inf once parsed (see _NUMBER_SHAPE's comment)."""
     if b"null" in line or b"NaN" in line or b"Infinity" in line:
         return True
     shape = line.translate(_NUMBER_SHAPE)
