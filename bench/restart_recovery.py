@@ -4,7 +4,8 @@
 
 After a restart the follower exports the latest values from the file's tail and rebuilds the NaN counter
 from the whole file, parsing only the lines that can hold a NaN. Compared here: reading the file
-(baseline), that recovery, and parsing every line with json.loads (what a full replay would at least cost).
+(baseline), that recovery, the NaN recount alone over the whole file (a restart with no tail), and parsing
+every line with json.loads (what a full replay would at least cost).
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def main() -> None:
             VerlFileFollower(path, store, sm).poll()
             assert store.nonfinite_counts().get("verl_actor_grad_norm", 0) == nans
 
+        def recount():
+            sm = SelfMetrics(spec)
+            store = TrainingStore(spec, sm)
+            VerlFileFollower(path, store, sm, recover_bytes=0).poll()
+            assert store.nonfinite_counts().get("verl_actor_grad_norm", 0) == nans
+
         def parse_all():
             with open(path, "rb") as fh:
                 for raw in fh:
@@ -79,10 +86,12 @@ def main() -> None:
 
         base = best_of(read)
         rec = best_of(recover)
+        count = best_of(recount)
         full = best_of(parse_all, repeats=1)
     print(f"log: {args.mb} MiB, {lines} lines, {nans} NaN lines")
     print(f"read the file once       {base:8.3f} s  1.0x")
     print(f"restart recovery         {rec:8.3f} s  {rec / base:5.1f}x")
+    print(f"NaN recount of the file  {count:8.3f} s  {count / base:5.1f}x")
     print(f"json.loads of every line {full:8.3f} s  {full / base:5.1f}x")
 
 

@@ -177,3 +177,18 @@ def test_the_last_number_of_a_line_cut_at_4096_characters_is_dropped(tmp_path):
 def test_a_cut_off_value_on_a_one_key_per_line_record_does_not_end_the_record(tmp_path):
     rc, records = run(tmp_path, "step:1\n - a/b:np.float64(0.3\n - c/d:2\n")
     assert rc == 0 and records == [{"step": 1, "data": {"c/d": 2}}]
+
+
+def test_numbers_beyond_pythons_digit_limit_are_not_nans_and_do_not_crash(tmp_path):
+    # A 5,000-digit integer became null (a NaN: a false NaN alert); a 5,000-digit step raised ValueError.
+    huge = "1" * 5000
+    rc, records = run(tmp_path, f"step:1 - a:{huge} - b:np.int64({huge}) - c:1e999 - d:0.5\nstep:{huge} - a:1\n")
+    assert rc == 0 and len(records) == 1
+    assert records[0]["data"] == {"a": huge, "b": huge, "c": None, "d": 0.5}  # text: never a number, not dropped
+
+
+def test_only_numbers_as_python_prints_them_are_numbers(tmp_path):
+    # int() and float() also read "1_000" and other scripts' digits ("٣"): verl never prints those for numbers.
+    rc, records = run(tmp_path, "step:1 - a:1_000 - b:\u0663 - c:1.5e+20 - d:-7 - e:.5 - f:-inf\n")
+    assert rc == 0
+    assert records[0]["data"] == {"a": "1_000", "b": "\u0663", "c": 1.5e20, "d": -7, "e": 0.5, "f": None}

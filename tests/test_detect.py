@@ -141,3 +141,155 @@ def test_a_rank_that_logs_no_signal_exports_no_detector_series():
     s.ingest(1, {"critic/score/mean": 0.5}, 1.0)
     exported = {m.name: rows for m, rows in s.series() if m.name.startswith("verl_detector_") and rows}
     assert exported == {"verl_detector_steps": {("score",): 1.0}}
+
+
+# ---------------------------------------------------------------- numbers from outside (issue 22, F10)
+@pytest.mark.parametrize("huge", [10**400, -(10**400)], ids=["positive", "negative"])
+def test_a_400_digit_integer_is_skipped_by_the_detectors_without_an_error(huge):
+    det = Detectors(SPEC.signals(), SPEC)
+    for step in range(1, 12):
+        assert det.observe(step, {"actor/grad_norm": 0.5, "timing_s/step": 10.0})
+    assert det.observe(12, {"actor/grad_norm": huge, "timing_s/step": huge})  # raised OverflowError
+    assert det.by_name["grad_norm"].stats["steps"] == 11  # the value was not taken, the step was seen
+    assert det.observe(13, {"actor/grad_norm": 0.5, "timing_s/step": 10.0})
+    assert det.by_name["grad_norm"].stats["steps"] == 12 and det.step_seconds() == 10.0
+
+
+def test_a_huge_integer_in_a_logged_line_costs_only_that_value(tmp_path):
+    from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
+
+    sm = SelfMetrics(SPEC)
+    store = TrainingStore(SPEC, sm)
+    path = tmp_path / "run.jsonl"
+    lines = [{"step": s, "data": {"actor/grad_norm": 0.5, "timing_s/step": 10.0}} for s in range(1, 12)]
+    lines.append({"step": 12, "data": {"actor/grad_norm": 10**400, "actor/pg_loss": 0.2}})
+    path.write_text("".join(__import__("json").dumps(x) + "\n" for x in lines))
+    VerlFileFollower(str(path), store, sm).poll()
+    assert sm.value("verl_exporter_lines_parsed_total", source="file") == 12
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="unexpected") == 0
+    assert sm.value("verl_exporter_values_rejected_total", reason="out_of_range") == 1
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
+    assert store.step == 12 and store.value("verl_actor_pg_loss") == 0.2
+
+
+# ---------------------------------------------------------------- a resumed run re-logs steps (issue 22, F15)
+def resumed(first: list[float], resume_at: int, second: list[float], **spec) -> tuple[SignalDetector, SignalDetector]:
+    """A detector fed steps 1..len(first), then a run resumed at `resume_at` logging `second`; and one fed only
+    what the run's history is after the resume (steps before resume_at, then the resumed ones)."""
+    det = SignalDetector(SignalSpec("x", "m", **spec))
+    feed(det, first)
+    feed(det, second, start=resume_at)
+    fresh = SignalDetector(SignalSpec("x", "m", **spec))
+    feed(fresh, first[: resume_at - 1])
+    feed(fresh, second, start=resume_at)
+    return det, fresh
+
+
+@pytest.mark.parametrize("resume_at", [15, 16, 17, 1, 19])
+def test_steps_relogged_after_a_resume_replace_the_superseded_ones(resume_at):
+    first, second = rising(20, seed=1), rising(8, seed=2)
+    det, fresh = resumed(first, resume_at, second)
+    assert list(det.values) == list(fresh.values)  # 20 steps, resumed at 15: 22 values, not 28
+    assert len(det.values) == resume_at - 1 + len(second)
+    assert det.stats == fresh.stats
+    assert det.observe(resume_at + 8, 0.3) == fresh.observe(resume_at + 8, 0.3)
+
+
+def test_a_resume_supersedes_the_peak_and_floor_reached_after_the_resume_point():
+    det, fresh = resumed([1.0] * 12 + [9.0] * 8, 13, [1.0] * 6)
+    assert det.stats["peak_level"] == fresh.stats["peak_level"] == 1.0
+
+
+def test_a_resume_from_before_the_whole_window_starts_the_signal_again():
+    det = SignalDetector(SignalSpec("x", "m", window=10))
+    feed(det, rising(50))
+    stats = det.observe(3, 0.5)  # resumed from a checkpoint 47 steps back: nothing left to compare with
+    assert list(det.values) == [0.5] and stats["steps"] == 1.0 and "zscore" not in stats
+
+
+def test_the_store_rewinds_its_detectors_when_a_resumed_run_relogs_steps():
+    s = TrainingStore(SPEC, SelfMetrics(SPEC))
+    for step, v in enumerate(rising(20), 1):
+        s.ingest(step, {"critic/score/mean": v, "timing_s/step": 10.0}, float(step))
+    for step, v in enumerate(rising(3, seed=9), 15):
+        s.ingest(step, {"critic/score/mean": v, "timing_s/step": 10.0}, 100.0 + step)
+    assert len(s.detectors.by_name["score"].values) == 17  # 14 kept + 3 re-logged, not 23
+    assert s.detectors.by_name["step_time"].stats["steps"] == 17
+    assert s.step == 17
+
+
+def test_a_negative_zero_step_is_exported_as_zero():
+    import math
+
+    s = TrainingStore(SPEC, SelfMetrics(SPEC))
+    s.ingest(-0.0, {"critic/score/mean": 0.5}, 1.0)
+    assert s.step == 0.0 and math.copysign(1.0, s.step) == 1.0
+    assert "verl_training_step 0.0" in s.render()
+
+
+def test_a_line_relogged_at_the_resume_point_without_a_signal_keeps_that_signals_value():
+    # verl resumed from global_step_15 logs its validation at step 15 (no training keys), then trains 16, 17 ...
+    det = Detectors(SPEC.signals(), SPEC)
+    values = rising(20)
+    for step, v in enumerate(values, 1):
+        det.observe(step, {"critic/score/mean": v, "timing_s/step": 10.0})
+    assert det.observe(15, {"val-core/gsm8k/reward/mean@1": 0.5})
+    assert list(det.by_name["score"].values) == values[:15]
+    det.observe(16, {"critic/score/mean": 0.9, "timing_s/step": 10.0})
+    assert list(det.by_name["score"].values) == [*values[:15], 0.9]
+    assert len(det._durations) == 15  # step 15's duration went with the line that replaced it; 16's is new
+
+
+def test_the_breaker_skips_a_400_digit_integer_instead_of_raising():
+    b = CircuitBreaker.from_spec(SPEC, consecutive=1)
+    for step in range(1, 30):
+        b.observe(step, {"actor/pg_loss": 0.1, "actor/grad_norm": 0.5, "critic/score/mean": 0.3})
+    anomalies, trip = b.observe(30, {"actor/pg_loss": 10**400, "actor/grad_norm": -(10**400)})  # raised
+    assert trip is None and not [a for a in anomalies if a.kind == "nonfinite"]
+
+
+def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
+    """Property: after any steps and resumes, a signal is as if fed only the steps that stand (each resume
+    drops the steps from its point on), while it still keeps a window of them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    events = st.lists(st.one_of(
+        st.tuples(st.just("run"), st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=15)),
+        st.tuples(st.just("resume"), st.integers(2, 10), st.lists(st.floats(0, 10), min_size=1, max_size=5)),
+    ), max_size=8)
+
+    @settings(max_examples=200, deadline=None)
+    @given(events)
+    def check(evs):
+        spec = SignalSpec("x", "m", window=10, hold=3, level_steps=5, min_steps=10)
+        det, standing, short = SignalDetector(spec), [], False
+        for ev in evs:
+            if ev[0] == "run":
+                start = standing[-1][0] + 1 if standing else 1
+                new = list(enumerate(ev[1], start))
+            else:
+                back = ev[1] if ev[1] < spec.window else len(standing)
+                if back < 2 or back > len(standing):
+                    continue  # (a step logged again at once is a duplicate line, not a resume)
+                at = standing[-back][0]  # resumed: the steps from `at` on are logged again
+                standing = [(s, x) for s, x in standing if s < at]
+                new = list(enumerate(ev[2], at))
+            for s, x in new:
+                det.observe(s, x)
+            standing += new
+            values = [x for _, x in standing]
+            short = short or len(det._seen) < min(len(standing), spec.window)
+            if short:
+                # Resumes one after the other went back over more steps than it keeps: the window holds the
+                # last steps that stand, for a while fewer than a window (it fills again as the run goes on).
+                assert list(det.values) == values[len(values) - len(det.values):]
+                continue
+            fresh = SignalDetector(spec)
+            for s, x in standing:
+                fresh.observe(s, x)
+            assert list(det.values) == list(fresh.values) and det.stats == fresh.stats
+            assert (det.peak, det.floor_level, list(det.zs), list(det.spikes)) == (
+                fresh.peak, fresh.floor_level, list(fresh.zs), list(fresh.spikes))
+
+    check()

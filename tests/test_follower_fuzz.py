@@ -62,15 +62,8 @@ event = st.one_of(
 
 def classify(line: bytes) -> str:
     """What the follower must make of one complete line: blank, parsed or rejected."""
-    if not line.strip():
-        return "blank"
-    if len(line) > MAX_LINE:
-        return "rejected"
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        return "rejected"
-    return "parsed" if isinstance(obj, dict) and isinstance(obj.get("data"), dict) else "rejected"
+    reason = expected_reason(line)
+    return "parsed" if reason is None else "blank" if reason == "blank" else "rejected"
 
 
 class Model:
@@ -176,7 +169,7 @@ def check(follower: VerlFileFollower, store: TrainingStore, sm: SelfMetrics, mod
     text = served_text(store, sm)
     families = list(text_string_to_metric_families(text))  # valid exposition
     assert families
-    assert len(follower._buf) <= MAX_LINE
+    assert follower._lines.pending <= MAX_LINE
     assert len(store._unmapped) <= MAX_UNMAPPED and len(store._nonfinite) <= 256
     assert follower.status() in ("ok", "waiting")
     assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
@@ -206,3 +199,81 @@ def test_promtool_accepts_what_is_served_after_every_kind_of_bad_input(tmp_path)
     text = served_text(store, sm)
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- arbitrary lines (issue 22, item 8)
+def expected_reason(raw: bytes) -> str | None:
+    """What the follower must make of one complete line, written from the log's contract (UTF-8 JSON objects
+    with a "data" object, at most MAX_LINE bytes): None when it is a step, "blank", or the rejection reason."""
+    if not raw.strip():
+        return "blank"
+    if len(raw) > MAX_LINE:
+        return "too_long"
+    try:
+        obj = json.loads(raw.decode("utf-8-sig"))
+    except RecursionError:
+        return "too_deep"
+    except ValueError:  # also UnicodeDecodeError
+        return "malformed_json"
+    if not isinstance(obj, dict):
+        return "not_an_object"
+    return None if isinstance(obj.get("data"), dict) else "no_data"
+
+
+any_line = st.one_of(
+    st.binary(max_size=80),
+    st.text(max_size=40).map(str.encode),
+    st.builds(lambda v: json.dumps(v).encode(), values),
+    st.builds(lambda d, s: json.dumps({"step": s, "data": d}).encode(),
+              st.dictionaries(st.sampled_from(KEYS), values, max_size=3), steps),
+    st.builds(lambda g, at, b: g[:at] + b + g[at:], st.just(b'{"step": 1, "data": {"k": 1}}'), st.integers(0, 30),
+              st.binary(min_size=1, max_size=3)),
+    st.sampled_from([b"[" * 3000, b'{"data": {"a": ' + b"[" * 2000 + b"]" * 2000 + b"}}", b"\xef\xbb\xbf{}",
+                     b'{"data": {"a": 1' + b"0" * 5000 + b"}}", b'{"data": {"\\ud800": 1, "v\\udc00x": null}}',
+                     b'{"step": 1, "data": {"actor/grad_norm": 1' + b"0" * 400 + b"}}", b"z" * (MAX_LINE + 1)]),
+).map(lambda b: b.replace(b"\n", b" "))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.booleans(), any_line), max_size=12), st.integers(min_value=1, max_value=4096))
+def test_arbitrary_lines_never_crash_the_follower_and_cost_only_themselves(lines, chunk):
+    import logging
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.jsonl"
+        sm = SelfMetrics(SPEC)
+        store = TrainingStore(SPEC, sm, max_unmapped=MAX_UNMAPPED)
+        follower = VerlFileFollower(str(path), store, sm, max_line_bytes=MAX_LINE, chunk_bytes=chunk)
+        ingested: list = []
+        ingest = store.ingest
+        store.ingest = lambda step, data, seen_at: (ingested.append(step), ingest(step, data, seen_at))
+        # Each arbitrary line between two good ones, whose steps are unique: 10**9 + i.
+        body, expected, good_steps = [], {}, []
+        for i, (good_first, raw) in enumerate(lines):
+            good = b'{"step": %d, "data": {"actor/lr": %d.5}}' % (10**9 + i, i)
+            for piece in ([good, raw] if good_first else [raw, good]):
+                body.append(piece + b"\n")
+                reason = expected_reason(piece)
+                expected[reason] = expected.get(reason, 0) + 1
+            good_steps.append(10**9 + i)
+        path.write_bytes(b"".join(body))
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logging.getLogger("verl_exporter").addHandler(handler)
+        try:
+            follower.poll()  # never raises
+        finally:
+            logging.getLogger("verl_exporter").removeHandler(handler)
+        assert follower.status() == "ok"
+        assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 0
+        assert not [r for r in records if r.exc_info], "ordinary bad input logged a traceback"
+        rejected = {reason: v for (_, reason), v in sm.snapshot()["verl_exporter_lines_rejected_total"].items() if v}
+        assert rejected == {k: v for k, v in expected.items() if k not in (None, "blank")}
+        assert sm.value("verl_exporter_lines_parsed_total", source="file") == expected.get(None, 0)
+        assert [s for s in ingested if s in good_steps] == good_steps  # every good line around them, in order
+        if lines:
+            assert store.value("verl_actor_learning_rate") == len(lines) - 1 + 0.5
+        text = served_text(store, sm)
+        text.encode("utf-8")  # what the scrape sends
+        assert list(text_string_to_metric_families(text))

@@ -22,9 +22,10 @@ RESTARTS = 4
 
 
 class Writer(threading.Thread):
-    """verl's file logger: one line per step, grad_norm null (NaN) at a few steps, 10 ms apart. It writes at
-    least STEPS steps and goes on until the test has done its restarts, so that every kill lands while verl
-    writes however slow the machine is (a fixed count let a loaded machine finish writing before the kills)."""
+    """verl's file logger: one line per step, grad_norm null (NaN) or an overflowing literal (Inf) at a few
+    steps, 10 ms apart. It writes at least STEPS steps and goes on until the test has done its restarts, so
+    that every kill lands while verl writes however slow the machine is (a fixed count let a loaded machine
+    finish writing before the kills)."""
 
     def __init__(self, path, rng: random.Random):
         super().__init__(daemon=True)
@@ -40,7 +41,10 @@ class Writer(threading.Thread):
                 step += 1
                 data = {"actor/grad_norm": None if step in self.nan_steps else 0.4, "actor/pg_loss": 0.1,
                         "timing_s/step": 12.0}
-                fh.write(json.dumps({"step": step, "data": data}) + "\n")
+                text = json.dumps({"step": step, "data": data})
+                if step in self.nan_steps and step % 2:  # a float literal that reads as Inf, not a null
+                    text = text.replace("null", "1" + "0" * 310 + ".0")
+                fh.write(text + "\n")
                 fh.flush()
                 self.written = step
                 time.sleep(0.01)

@@ -164,14 +164,14 @@ def test_very_long_lines_are_rejected_with_bounded_memory(make):
     f.poll()
     assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="too_long") == 1
     assert store.step == 2
-    assert len(f._buf) == 0
+    assert f._lines.pending == 0
 
 
 def test_a_long_line_arriving_in_pieces_is_skipped_to_its_end(make):
     path, f, store, sm, _ = make(max_line_bytes=100)
     path.write_bytes(b'{"step": 1, "data": {"x": "' + b"z" * 150)
     f.poll()
-    assert len(f._buf) <= 100
+    assert f._lines.pending <= 100
     with open(path, "ab") as fh:
         fh.write(b"z" * 500 + b'"}}\n' + line(2, **{"actor/lr": 2.0}))
     f.poll()
@@ -379,3 +379,118 @@ def test_a_file_rewritten_to_exactly_the_size_we_had_read_is_detected(make):
     f.poll()
     assert store.step == 2 and store.value("verl_actor_learning_rate") == 2.0
     assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
+
+
+# ---------------------------------------------------------------- the NaN count after a restart (issue 22, F2)
+def filler(steps: int) -> bytes:
+    return b"".join(line(s, **{"actor/pg_loss": 0.1, "timing_s/gen": 1.0}) for s in range(1, steps + 1))
+
+
+def counts_live_and_after_a_restart(make, content: bytes, **kw) -> tuple[dict, dict]:
+    """The NaN counts of a follower that read the file from its start, and of a restarted one that recounts
+    everything before the last 2,000 bytes."""
+    path, live, store, _, _ = make(recover_bytes=len(content) + 1, **kw)
+    path.write_bytes(content)
+    live.poll()
+    _, restarted, store2, _, _ = make(recover_bytes=2000, **kw)
+    restarted.poll()
+    assert store2.step == store.step  # the restarted one did read the tail
+    return store.nonfinite_counts(), store2.nonfinite_counts()
+
+
+def test_a_too_long_line_crossing_a_read_chunk_is_skipped_alike_by_the_recount(make):
+    # The bytes of an over-long line after the recount's 1 MiB read boundary form a JSON line with a null:
+    # the live follower rejects the whole line (too_long); a restart must not count that null.
+    head = filler(20)
+    pad = (1 << 20) - len(head) - 1
+    long_line = b'"' + b"x" * pad + line(99, **{"actor/grad_norm": None})  # one line, no newline until its end
+    live, restarted = counts_live_and_after_a_restart(make, head + long_line + filler(60), max_line_bytes=10_000)
+    assert live == {} and restarted == live
+
+
+@pytest.mark.parametrize("literal", [b"1" + b"0" * 310 + b".0", b"9" * 210 + b"e99", b"1" + b"0" * 400 + b"e-50",
+                                     b"1e0309", b"-2E+308"])
+def test_a_float_literal_that_overflows_to_inf_is_counted_alike_after_a_restart(make, literal):
+    bad = b'{"step": 21, "data": {"actor/grad_norm": ' + literal + b"}}\n"
+    live, restarted = counts_live_and_after_a_restart(make, filler(20) + bad + filler(60))
+    assert live == {"verl_actor_grad_norm": 1.0} and restarted == live
+
+
+@pytest.mark.parametrize("depth", [7, 8, 9, 10])
+def test_a_nan_nested_deep_is_counted_alike_after_a_restart(make, depth):
+    nested: dict = {"grad_norm": None}
+    for level in range(depth - 1):
+        nested = {f"k{level}": nested}
+    deep = json.dumps({"step": 21, "data": nested}).encode() + b"\n"
+    live, restarted = counts_live_and_after_a_restart(make, filler(20) + deep + filler(60))
+    assert restarted == live
+    assert sum(live.values()) == (1.0 if depth <= 9 else 0.0)  # deeper than 9 levels is not flattened
+
+
+def test_a_line_in_another_unicode_encoding_is_rejected_alike_live_and_after_a_restart(make):
+    # json.loads(bytes) guesses UTF-16 from the NUL bytes: live it parsed (and counted the null) while the
+    # recount's search for b"null" could not see it. The log is UTF-8: such a line is malformed in both.
+    utf16 = json.dumps({"step": 21, "data": {"actor/grad_norm": None}}).encode("utf-16-le") + b"\n"
+    path, live, store, sm, _ = make()
+    path.write_bytes(filler(20) + utf16 + filler(60))
+    live.poll()
+    assert store.nonfinite_counts() == {}
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason="malformed_json") == 1
+    live_counts, restarted = counts_live_and_after_a_restart(make, filler(20) + utf16 + filler(60))
+    assert restarted == live_counts
+
+
+def test_a_lone_surrogate_in_a_key_does_not_break_the_scrape(make):
+    # "\ud800" is valid JSON text, but no UTF-8 can encode the key it makes: every scrape failed on it.
+    path, f, store, sm, _ = make()
+    path.write_bytes(b'{"step": 1, "data": {"val-core/\\ud800/reward/mean@1": 0.5, "c\\udfff": null}}\n'
+                     + line(2, **{"actor/lr": 2.0}))
+    f.poll()
+    store.render().encode("utf-8")  # raised UnicodeEncodeError
+    assert store.step == 2 and store.value("verl_actor_learning_rate") == 2.0
+X, [(b"\xff\xfe garbage", "malformed_json"), (b"not json", "malformed_json"),
+                                        (b"[" * 3000, "too_deep"), (b"[1]", "not_an_object"),
+                                        (b'{"step": 1}', "no_data")])
+def test_a_bad_line_logs_one_clear_line_without_a_traceback(make, caplog, bad, reason):
+    import logging
+
+    path, f, store, sm, _ = make()
+    path.write_bytes(bad + b"\n" + line(2, **{"actor/lr": 2.0}))
+    with caplog.at_level(logging.WARNING, logger="verl_exporter"):
+        f.poll()
+    records = [r for r in caplog.records if "rejected a line" in r.getMessage()]
+    assert len(records) == 1 and reason in records[0].getMessage()
+    assert records[0].exc_info is None and "Traceback" not in caplog.text
+    assert sm.value("verl_exporter_lines_rejected_total", source="file", reason=reason) == 1
+    assert store.value("verl_actor_learning_rate") == 2.0
+
+
+def test_a_rewrite_with_the_same_first_bytes_that_regrew_past_our_offset_is_detected(make):
+    # A resumed run whose first lines read like the old run's (the same first 256 bytes and more), and which
+    # wrote past our offset before our next poll: the size and the head alone cannot tell.
+    common = b"".join(line(s, **{"actor/pg_loss": 0.1}) for s in range(1, 10))
+    path, f, store, sm, _ = make()
+    path.write_bytes(common + nan_run(30, {20}))
+    f.poll()
+    assert store.nonfinite_counts() == {"verl_actor_grad_norm": 1.0}
+    with open(path, "wb") as fh:
+        fh.write(common + b"".join(line(s, **{"actor/grad_norm": None, "actor/lr": float(s)}) for s in range(10, 80)))
+    f.poll()
+    assert sm.value("verl_exporter_source_resets_total", reason="truncated") == 1
+    assert store.nonfinite_counts() == {"verl_actor_grad_norm": 70.0}  # the new file's, as a restart counts
+    assert store.step == 79 and store.value("verl_actor_learning_rate") == 79.0
+
+
+def test_a_file_system_error_logs_one_clear_line_without_a_traceback(make, caplog):
+    import logging
+
+    path, f, store, sm, _ = make()
+    path.write_bytes(b"")
+    blocked = path.parent / "not_a_dir"
+    blocked.write_bytes(b"")
+    f.path = str(blocked / "run.jsonl")  # stat: Not a directory
+    with caplog.at_level(logging.WARNING, logger="verl_exporter"):
+        f.poll()
+    assert f.status().startswith("error: cannot stat")
+    assert [r.exc_info for r in caplog.records] == [None] and "Traceback" not in caplog.text
+    assert sm.value("verl_exporter_source_errors_total", component="verl_file") == 1

@@ -16,14 +16,15 @@ compares its value with the window of the steps before it:
   slope_per_second   the window's slope divided by the median step time (memory growth per second)
 
 Nothing is exported for a signal before its window holds `min_steps` distinct steps (at least 10). The window
-is rebuilt after a sidecar restart from the lines the follower recovers from the file's tail. The sidecar
+is rebuilt after a sidecar restart from the lines the follower recovers from the file's tail. A run resumed from
+a checkpoint logs again the steps after it: a step below the last one rewinds every signal to the state it had
+before that step (the values after the resume point are superseded, not counted twice). The sidecar
 (through the store) and the in-process circuit breaker both use this module, so both judge alike.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,14 +48,48 @@ def step_seconds_keys(spec) -> list[str]:
         return ["timing_s/step"]
 
 
+def finite(raw: Any) -> float | None:
+    """A logged int or float as a finite float; None for anything else (bools, NaN/Inf, null, strings, and
+    integers beyond a float's range: float() raises on a 400-digit one)."""
+    if raw.__class__ is float:
+        return raw if math.isfinite(raw) else None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return None
+    try:
+        x = float(raw)
+    except Exception:  # OverflowError for an int beyond a float's range; a subclass whose __float__ raises
+        return None
+    return x if math.isfinite(x) else None
+
+
 def step_duration(data: Mapping[str, Any], keys: list[str]) -> float | None:
     """The step's logged duration in seconds, or None."""
     for key in keys:
-        d = data.get(key)
-        # Compared, not math.isfinite(): that raises OverflowError for an int of 400 digits.
-        if isinstance(d, (int, float)) and not isinstance(d, bool) and 0 < d <= sys.float_info.max:
-            return float(d)
+        d = finite(data.get(key))
+        if d is not None and d > 0:
+            return d
     return None
+
+
+def _before(step: Any, last: Any) -> bool:
+    """Whether step comes before the last one seen (a resumed run logging again); False when not comparable."""
+    try:
+        return step is not None and last is not None and step < last
+    except TypeError:
+        return False
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What a signal kept of one step: enough to rewind to just after it."""
+
+    step: Any
+    x: float
+    z: float | None
+    spike: float | None
+    peak: float | None
+    floor: float | None
+    stats: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -110,19 +145,37 @@ class SignalDetector:
         self.peak: float | None = None
         self.floor_level: float | None = None
         self.stats: dict[str, float] = {"steps": 0.0}
+        # The last steps seen, what a rewind rebuilds the deques above from: twice what any of them holds, so
+        # that a resume up to a window back leaves the window as full as a run that never went past it.
+        self._seen: deque[_Seen] = deque(maxlen=2 * max(spec.window, spec.level_steps, spec.hold))
 
     def value_in(self, data: Mapping[str, Any]) -> float | None:
         for key, scale in self.keys:
-            raw = data.get(key)
-            if raw is None or isinstance(raw, bool) or not isinstance(raw, (int, float)):
-                continue  # absent, or NaN/Inf (null): the nonfinite alerts' business
-            try:
-                x = float(raw) * scale
-            except OverflowError:  # an int beyond a float's range
-                continue
-            if math.isfinite(x):
-                return x
+            x = finite(data.get(key))  # absent, NaN/Inf (null) is the nonfinite alerts' business
+            if x is not None and math.isfinite(x * scale):
+                return x * scale
         return None
+
+    def rewind(self, step: Any, keep_step: bool = True) -> None:
+        """Forget the steps after `step` (and `step` itself unless keep_step): a resumed run logs them again.
+        The state is then what it was right after the last step kept (the window holds fewer steps when the
+        resume goes back over a window); with none kept it starts afresh."""
+        seen = self._seen
+        while seen and (_before(step, seen[-1].step) or (not keep_step and seen[-1].step == step)):
+            seen.pop()
+        kept = list(seen)
+        self.values.clear()
+        self.values.extend(e.x for e in kept[-self.spec.window:])
+        self.recent.clear()
+        self.recent.extend(e.x for e in kept[-self.recent.maxlen:])
+        self.zs.clear()
+        self.zs.extend(e.z for e in kept if e.z is not None)  # the deques keep the last `hold` of them
+        self.spikes.clear()
+        self.spikes.extend(e.spike for e in kept if e.spike is not None)
+        last = kept[-1] if kept else None
+        self.last_step = last.step if last else None
+        self.peak, self.floor_level = (last.peak, last.floor) if last else (None, None)
+        self.stats = last.stats if last else {"steps": 0.0}
 
     def compare(self, x: float) -> dict[str, float]:
         """The value against the window of the steps before it (changes nothing); empty before min_steps."""
@@ -144,17 +197,23 @@ class SignalDetector:
                 "relative_change": (x - expected) / abs(expected) if expected else 0.0, "slope": slope}
 
     def observe(self, step: Any, x: float, step_seconds: float | None = None) -> dict[str, float]:
-        """Take the value of a new step; a repeated step (a duplicate line) is ignored."""
+        """Take the value of a new step; a repeated step (a duplicate line) is ignored, a step before the last
+        one (a resumed run) replaces it and the steps after it."""
         if step is not None and step == self.last_step:
             return self.stats
+        if _before(step, self.last_step):
+            self.rewind(step, keep_step=False)
         self.last_step = step
         s = self.spec
         stats = self.compare(x)
         slope = stats.pop("slope", None)
+        z = spike = None
         if stats:
-            self.zs.append(stats["zscore"])
+            z = stats["zscore"]
+            self.zs.append(z)
             if stats["window_max"] > 0:
-                self.spikes.append(x / stats["window_max"])
+                spike = x / stats["window_max"]
+                self.spikes.append(spike)
                 stats["spike_ratio"] = max(self.spikes)
             if len(self.zs) == s.hold:
                 stats["sustained_rise_zscore"] = min(self.zs)
@@ -175,6 +234,7 @@ class SignalDetector:
                 stats.update(peak_level=self.peak, floor_level=self.floor_level)
         stats["steps"] = float(len(self.values))
         self.stats = stats
+        self._seen.append(_Seen(step, x, z, spike, self.peak, self.floor_level, stats))
         return stats
 
 
@@ -189,7 +249,7 @@ class Detectors:
         self.by_name = {d.spec.name: d for d in self.detectors}
         self._step_keys = step_seconds_keys(spec)
         window = max((sig.window for sig in signals), default=30)
-        self._durations: deque[float] = deque(maxlen=window)
+        self._durations: deque[tuple[Any, float]] = deque(maxlen=window)  # (step, its duration)
         self._last_step: Any = None
         self._last_seen: float | None = None
 
@@ -198,22 +258,29 @@ class Detectors:
         return cls(spec.signals(), spec)
 
     def step_seconds(self) -> float | None:
-        return median(self._durations) if self._durations else None
+        return median(d for _, d in self._durations) if self._durations else None
 
     def observe(self, step: Any, data: Mapping[str, Any], seen_at: float | None = None) -> bool:
-        """Feed one line; False when it was not a new step (then nothing changes)."""
+        """Feed one line; False when it was not a new step (then nothing changes). A step before the last one
+        (a run resumed from a checkpoint) first rewinds every signal to just after that step."""
         if step is None or step == self._last_step:
             return False
+        resumed = _before(step, self._last_step)
+        if resumed:
+            while self._durations and not _before(self._durations[-1][0], step):
+                self._durations.pop()
         self._last_step = step
         duration = step_duration(data, self._step_keys)
         if duration is not None:
-            self._durations.append(duration)
-        elif seen_at is not None and self._last_seen is not None and seen_at > self._last_seen:
-            self._durations.append(seen_at - self._last_seen)
+            self._durations.append((step, duration))
+        elif not resumed and seen_at is not None and self._last_seen is not None and seen_at > self._last_seen:
+            self._durations.append((step, seen_at - self._last_seen))  # not across a resume: that gap is a restart
         self._last_seen = seen_at
         step_seconds = self.step_seconds()
         for d in self.detectors:
             x = d.value_in(data)
+            if resumed:  # a signal logged again at this step replaces its value; one not logged keeps it
+                d.rewind(step, keep_step=x is None)
             if x is not None:
                 d.observe(step, x, step_seconds)
         return True

@@ -78,7 +78,7 @@ def as_step(step: Any) -> float | None:
         return None
     if isinstance(step, float) and not step.is_integer():  # also NaN and Inf
         return None
-    return float(step) if 0 <= step < _MAX_STEP else None
+    return float(step) + 0.0 if 0 <= step < _MAX_STEP else None  # + 0.0: step -0.0 is step 0
 
 
 def _nonfinite(value: float) -> bool:
@@ -154,7 +154,7 @@ class TrainingStore:
         function of the whole file, so a restart shows Prometheus the same count, not a reset.
         """
         with self._lock:
-            for key, raw in flatten(data):
+            for key, raw in flatten(data, depth=0):  # the values ingest() visits: nested as deep
                 value = as_number(raw)
                 if not isinstance(value, str) and _nonfinite(value):
                     key = str(key)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 RAY_PREFIX = re.compile(r"^\s*\([\w.-]+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\)\s?")
-STEP = re.compile(r"^\s*step:(\d+)(?=\s|$)(.*)$")
+STEP = re.compile(r"^\s*step:([0-9]{1,30})(?=\s|$)(.*)$")  # ASCII digits, far below int()'s digit limit
 CONTINUATION = re.compile(r"^\s*-\s+(\S.*)$")
 SEPARATOR = re.compile(r"\s+-\s+")
 PAIR = re.compile(r"^([^\s:]+):(\S+)$")
@@ -32,6 +32,9 @@ WRAPPED = re.compile(r"^(?:(?:np|numpy)\.\w+|tensor)\(([^()]+)\)$")  # np.float6
 UNCLOSED = re.compile(r"^(?:(?:np|numpy)\.\w*|tensor)\([^)]*$")  # np.float64(-0.22  <- the line ended here
 CUT_LINE_CHARS = 4096  # wandb's console capture keeps this much of a line
 NON_FINITE = {"nan", "-nan", "inf", "+inf", "-inf", "infinity", "-infinity"}
+# A number as Python prints one (int() and float() also read "1_000" and other scripts' digits).
+INTEGER = re.compile(r"[+-]?[0-9]+")
+FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 class ConsoleLogError(ValueError):
@@ -45,15 +48,15 @@ def value_of(text: str):
         text = inner.group(1)
     if text.lower() in NON_FINITE:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        number = float(text)
-    except ValueError:
+    if INTEGER.fullmatch(text):
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python reads: no number, but not a NaN either
+            return text
+    if not FLOAT.fullmatch(text):
         return text  # not a number: kept as printed, never dropped
-    return number if math.isfinite(number) else None
+    number = float(text)
+    return number if math.isfinite(number) else None  # 1e999 reads as Inf, as json reads it
 
 
 def _pairs(body: str) -> Iterable[tuple[str, str]]:
