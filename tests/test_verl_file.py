@@ -448,7 +448,12 @@ def test_a_lone_surrogate_in_a_key_does_not_break_the_scrape(make):
     f.poll()
     store.render().encode("utf-8")  # raised UnicodeEncodeError
     assert store.step == 2 and store.value("verl_actor_learning_rate") == 2.0
-X, [(b"\xff\xfe garbage", "malformed_json"), (b"not json", "malformed_json"),
+    assert sum(store.nonfinite_counts().values()) == 1.0
+    # escaped where it enters the store (as for the Monitor's keys), and counted
+    assert sm.value("verl_exporter_label_values_escaped_total", reason="not_utf8") == 1
+
+
+@pytest.mark.parametrize("bad,reason", [(b"\xff\xfe garbage", "malformed_json"), (b"not json", "malformed_json"),
                                         (b"[" * 3000, "too_deep"), (b"[1]", "not_an_object"),
                                         (b'{"step": 1}', "no_data")])
 def test_a_bad_line_logs_one_clear_line_without_a_traceback(make, caplog, bad, reason):
