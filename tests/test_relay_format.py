@@ -125,7 +125,7 @@ def test_hostile_labels_and_annotations_cannot_inject_markup_links_or_mentions(k
 def test_escape_and_safe_url_units():
     assert escape("node_1 __b__ _i_") == "node_1 ＿＿b＿＿ ＿i＿"
     assert escape("a\u202eb\x07c\nd") == "abc d"
-    assert escape("see https://x.io/a") == "see https：//x.io/a"
+    assert escape("see https://x.io/a") == "see https：//x·io/a"  # nor linked as a bare host name
     assert safe_url("https://x.io/a) [y](http://evil") == "https://x.io/a%29%20%5By%5D%28http://evil"
     assert safe_url("ftp://x") == "" and safe_url("javascript:alert(1)") == ""
 
