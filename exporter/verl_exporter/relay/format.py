@@ -48,12 +48,13 @@ _LOOKALIKES = str.maketrans({
 # _ only emphasises at a word edge (node_1 stays as it is, _x_ does not).
 _EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 # Bare URLs are auto-linked by the robots' clients; a full-width colon keeps them readable but dead.
-_SCHEME = re.compile(r"(?i)([a-z][a-z0-9+.-]*):(?=//)")
+# (This and _DOTTED only start where a token starts, the look-behinds: a long value costs linear time.)
+_SCHEME = re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*):(?=//)")
 # So are bare host names (www.evil.example/login): a run of dotted labels whose last one could be a top-level
 # domain (letters, or punycode), or an IPv4 address before a path. Their dots become middle dots, which no
 # IDN mapping turns back into dots (unlike U+2024, U+FF0E or U+3002).
-_DOTTED = re.compile(r"[\w-]+(?:\.[\w-]+)+")
-_IPV4_PATH = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}(?=(?::\d+)?/)")
+_DOTTED = re.compile(r"(?<![\w-])[\w-]+(?:\.[\w-]+)+")
+_IPV4_PATH = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?=(?::\d+)?/)")
 # Control characters (but newline and tab); format characters (Unicode's Cf: bidi marks such as U+061C and
 # U+202E, zero-width ones) that can disguise text are dropped too, and lone surrogates (Cs: not encodable).
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
