@@ -49,6 +49,7 @@ REPAIRS = ("time_out_of_range", "bad_unicode")
 EARLIEST = datetime(1, 1, 2, tzinfo=timezone.utc)
 LATEST = datetime(9999, 12, 30, tzinfo=timezone.utc)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")  # after json.loads, a surrogate left alone had no partner
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,16 @@ def _mend(value: Any, where: str, repairs: list[Repair]) -> Any:
 
 def _child(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
+
+
+def _may_hold_surrogates(body: bytes | str) -> bool:
+    """False when the JSON text cannot decode to a lone surrogate: most bodies need no walk through them."""
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")  # strict: no surrogate comes through but as a \udXXX escape
+        except UnicodeDecodeError:  # UTF-16/32, or surrogates encoded raw: json.loads takes those too
+            return True
+    return bool(_SURROGATE_ESCAPE.search(body) or _SURROGATE.search(body))
 
 
 def _time(value: Any) -> Any:
@@ -266,7 +277,8 @@ def parse_payload(body: bytes | str) -> WebhookPayload:
         raise PayloadError([f"the body must be a JSON object, got {_kind(doc)}"])
     repairs: list[Repair] = []
     try:
-        doc = _mend(doc, "", repairs)
+        if _may_hold_surrogates(body):
+            doc = _mend(doc, "", repairs)
     except RecursionError:
         raise PayloadError(["the body is nested too deeply to be a webhook payload"], "too_deep") from None
     try:
