@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -268,3 +270,20 @@ def test_a_control_endpoint_that_answers_garbage_does_not_stop_later_actions():
     wait_for(lambda: metrics.value("verl_relay_actions_total", action="stop", result="failed") == 3, timeout=10)
     assert server.hits == 3
     server.sock.close()
+
+
+# ---------------------------------------------------------------- relay --preview formats the same way
+def test_preview_shows_a_payload_with_values_no_zone_can_show(tmp_path):
+    config = tmp_path / "relay.yaml"
+    config.write_text(json.dumps({"timezone": "Asia/Shanghai",
+                                  "targets": {"dt": {"type": "dingtalk", "token_env": "VERL_PREVIEW_UNSET"}},
+                                  "routes": [{"targets": ["dt"]}]}))
+    alert = tmp_path / "alert.json"
+    alert.write_bytes(webhook([good_alert(0), good_alert(1, startsAt=FAR_FUTURE),
+                               good_alert(2, labels={"run": "\udfff"})]))
+    proc = subprocess.run([sys.executable, "-m", "verl_exporter", "relay", "--config", str(config),
+                           "--preview", str(alert)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "repaired alerts.1.startsAt: 9999-12-31T23:00:00+00:00 cannot be shown" in proc.stdout
+    assert "repaired alerts.2.labels.run: a lone surrogate" in proc.stdout
+    assert all(f"node{i:04d}:9477" in proc.stdout for i in range(3))

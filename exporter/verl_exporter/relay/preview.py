@@ -34,6 +34,8 @@ def preview(config: RelayConfig, payload: WebhookPayload, out: Callable[[str], N
     n = len(payload.alerts)
     out(f"receiver {receiver}: {n} alert(s) ({sum(a.status == 'firing' for a in payload.alerts)} firing); "
         "nothing is sent")
+    for r in payload.repairs:  # as the relay would log them
+        out(f"repaired {r}")
     for name, alerts in per_target.items():
         target = config.targets[name]
         messages = format_messages(alerts, target.as_robot(), zone(config.timezone))
