@@ -21,7 +21,7 @@ from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.actions import Action, ActionRunner
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import Matcher, Secret, parse_config
-from verl_exporter.relay.dispatch import SPOOL_PREFIX, Queued
+from verl_exporter.relay.dispatch import SPOOL_PREFIX, Dispatcher, Queued
 from verl_exporter.relay.journal import JOURNAL
 from verl_exporter.relay.metrics import RelayMetrics
 from verl_exporter.relay.payload import Alert
@@ -287,3 +287,27 @@ def test_preview_shows_a_payload_with_values_no_zone_can_show(tmp_path):
     assert "repaired alerts.1.startsAt: 9999-12-31T23:00:00+00:00 cannot be shown" in proc.stdout
     assert "repaired alerts.2.labels.run: a lone surrogate" in proc.stdout
     assert all(f"node{i:04d}:9477" in proc.stdout for i in range(3))
+
+
+# ---------------------------------------------------------------- the journal keeps no orphan, whatever fails
+def test_a_webhook_that_fails_midway_leaves_nothing_pending_in_the_journal(tmp_path, monkeypatch):
+    """Should journaling fail after some of a webhook's alerts were written (a bug: the caller answers 500 and
+    Alertmanager sends the webhook again), those are settled, not resent by the next start as well."""
+    config = parse_config({"spool_dir": str(tmp_path), "targets": {"dt": {"type": "dingtalk", "token_env": "T"}},
+                           "routes": [{"targets": ["dt"]}]}, environ={"T": "t"})
+    dispatcher = Dispatcher(config, RelayMetrics())
+    dispatcher.load_spool()
+    real_add, calls = dispatcher.journal.add, []
+
+    def add(*args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        return real_add(*args)
+
+    monkeypatch.setattr(dispatcher.journal, "add", add)
+    now = datetime.now(timezone.utc)
+    alerts = [Alert("firing", {"alertname": "VerlX", "rank": str(i)}, {}, now, None, "", f"fp{i}") for i in range(5)]
+    with pytest.raises(RuntimeError):
+        dispatcher.submit("verl-critical", alerts)
+    assert len(calls) == 3 and _journal_adds(tmp_path) == []
