@@ -220,8 +220,8 @@ class TargetWorker:
         self._by_key.pop(q.alert.key, None)
         self.metrics.inc("verl_relay_alerts_total", target=self.target.name, result="unrenderable")
         self._settled([q])
-        log.error("target %s: alert %s (%s) cannot be formatted (%s: %s); dropped, the others are delivered",
-                  self.target.name, q.alert.name[:100], q.alert.fingerprint[:40] or "no fingerprint",
+        log.error("target %s: alert %r (%r) cannot be formatted (%s: %s); dropped, the others are delivered",
+                  self.target.name, q.alert.name[:100], q.alert.fingerprint[:40],
                   type(e).__name__, str(e)[:200])
         log.debug("target %s: why the alert cannot be formatted", self.target.name, exc_info=e)
 
@@ -361,7 +361,7 @@ class Dispatcher:
             why = unrenderable(alert, self.tz)
             if why is not None:  # parse_payload repairs what it knows; this alert would stall a queue
                 self.metrics.inc("verl_relay_alerts_total", target="", result="unrenderable")
-                log.error("webhook %s: alert %s cannot be formatted (%s); not accepted, the others are", receiver,
+                log.error("webhook %s: alert %r cannot be formatted (%s); not accepted, the others are", receiver,
                           alert.name[:100], why)
                 continue
             targets = self.config.targets_for(receiver, alert.labels)

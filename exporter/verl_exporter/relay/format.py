@@ -203,7 +203,8 @@ def view(alert: Alert, target_type: str, tz: tzinfo, description_chars: int = DE
         summary=clip(escape(ann.get("summary", "")), summary_chars),
         description=clip(escape(ann.get("description", ""), multiline=True), description_chars),
         starts_at=_when(alert.starts_at, tz), ends_at=_when(alert.ends_at, tz), duration=duration,
-        runbook_url=runbook_url, runbook_text="" if runbook_url else clip(_no_scheme(escape(runbook)), summary_chars),
+        runbook_url=runbook_url,
+        runbook_text="" if runbook_url or not summary_chars else clip(_no_scheme(escape(runbook)), summary_chars),
         source_url=safe_url(alert.generator_url),
         labels={escape(k): clip(escape(v), value_chars) for k, v in sorted(alert.labels.items())},
     )

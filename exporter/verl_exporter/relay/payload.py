@@ -152,6 +152,7 @@ def _mend(value: Any, where: str, repairs: list[Repair]) -> Any:
 
 
 def _child(where: str, name: str) -> str:
+    name = name if name.isprintable() else ascii(name)  # the path is logged: no newline or escape from a key
     return f"{where}.{name}" if where else name
 
 
