@@ -26,7 +26,8 @@ ROBOT_SETTINGS = {"mention_mobiles": ["13800000000"], "mention_all_severities": 
 
 
 def console_doc(**console) -> dict:
-    return {"targets": {"preview": {"type": "console", **console}}, "routes": [{"targets": ["preview"]}]}
+    return {"targets": {"preview": {"type": "console", **console}}, "routes": [{"targets": ["preview"]}],
+            "runbook_urls": ["https://example.org/runbook"]}  # where am_alert's runbooks point
 
 
 # ---------------------------------------------------------------- config
@@ -88,7 +89,8 @@ def test_a_console_target_writes_the_very_body_the_robot_gets(tmp_path):
 def test_console_and_robot_targets_pack_identically():
     console = parse_config(console_doc(style="wecom", mention_userids=["lisi"]), environ={}).targets["preview"]
     wecom = parse_config({"targets": {"w": {"type": "wecom", "token_env": "K", "mention_userids": ["lisi"]}},
-                          "routes": [{"targets": ["w"]}]}, environ={"K": "k"}).targets["w"]
+                          "routes": [{"targets": ["w"]}], "runbook_urls": ["https://example.org/runbook"]},
+                         environ={"K": "k"}).targets["w"]
     payload = parse_payload(json.dumps(webhook("x", [am_alert(i=i) for i in range(40)])))
     a, n_a = pack(list(payload.alerts), console.as_robot())
     b, n_b = pack(list(payload.alerts), wecom)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
-from verl_exporter.relay.config import Secret, Target
+import yaml
+from conftest import REPO
+from verl_exporter.relay.config import RelayConfigError, Secret, Target, parse_config
 from verl_exporter.relay.format import (
     DINGTALK_MAX_BODY,
     TemplateError,
@@ -125,9 +128,81 @@ def test_hostile_labels_and_annotations_cannot_inject_markup_links_or_mentions(k
 def test_escape_and_safe_url_units():
     assert escape("node_1 __b__ _i_") == "node_1 ＿＿b＿＿ ＿i＿"
     assert escape("a\u202eb\x07c\nd") == "abc d"
-    assert escape("see https://x.io/a") == "see https：//x.io/a"
+    assert escape("see https://x.io/a") == "see https：//x·io/a"  # nor linked as a bare host name
     assert safe_url("https://x.io/a) [y](http://evil") == "https://x.io/a%29%20%5By%5D%28http://evil"
     assert safe_url("ftp://x") == "" and safe_url("javascript:alert(1)") == ""
+
+
+def _texts(alert_: Alert, **kw) -> list[str]:
+    """The text of the message in every robot kind and format."""
+    return [render_message([alert_], target(kind, fmt, **kw), ZoneInfo("Asia/Shanghai")).text
+            for kind in ("dingtalk", "wecom") for fmt in ("markdown", "text")]
+
+
+def test_bare_host_names_are_not_left_for_the_clients_to_link():
+    hostile = alert(summary="log in at www.evil.example/login or evil.example, 203.0.113.9/x, 203.0.113.9:80/y",
+                    description="mirror: xn--80ak6aa92e.com/a\nsee config.yaml", instance="gpu-7.cluster.example:9477")
+    for text in _texts(hostile):
+        for linkable in ("www.evil.example", "evil.example", "203.0.113.9/x", "203.0.113.9:80/y", "xn--80ak6aa92e.com",
+                         "cluster.example"):
+            assert linkable not in text, (linkable, text)
+        assert "www·evil·example/login" in text and "gpu-7·cluster·example:9477" in text  # still readable
+    # what is not a host name stays as it is: versions, numbers, keys, an address with a port but no path
+    plain = "trainer.save_freq v1.2.3 ratio 0.8 1.5x node0:9477 10.0.0.1:9477 e.g. done."
+    assert escape(plain) == plain
+
+
+def test_format_characters_and_lone_surrogates_are_dropped():
+    hidden = "\u061c\u00ad\u2066\u2069\u200e\u180e\ufeff\U000e0041\ud800"
+    sneaky = alert(summary=f"ok{hidden}ay", description=f"line{hidden}", rank=f"0{hidden}")
+    for text in _texts(sneaky):
+        assert not any(unicodedata.category(c) in ("Cf", "Cs") for c in text), ascii(text)
+        assert "okay" in text
+    assert escape("a\u061cb") == "ab"
+
+
+def test_setext_underlines_and_rules_cannot_make_headings():
+    sneaky = alert(description="URGENT: rotate the keys\n===\nat evil\n---\n- - -\n==", summary="---")
+    for text in _texts(sneaky, mention_mobiles=()):
+        lines = [line.strip() for line in text.splitlines()]
+        assert not any(re.fullmatch(r"[-=\s]+", line) for line in lines if line), text
+    assert escape("a\n===\n- x", multiline=True) == "a\n＝＝＝\n- x"  # a list item is left alone
+
+
+RUNBOOK = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
+
+
+def _runbook_link(url: str, runbook_urls=None, fmt="markdown") -> tuple[bool, str]:
+    doc = {"targets": {"dt": {"type": "dingtalk", "token_env": "T", "format": fmt}}, "routes": [{"targets": ["dt"]}]}
+    if runbook_urls is not None:
+        doc["runbook_urls"] = runbook_urls
+    t = parse_config(doc, environ={"T": "t"}).targets["dt"]
+    a = Alert("firing", {"alertname": "VerlX", "severity": "warning"}, {"runbook_url": url}, T0, None, "", "x")
+    text = render_message([a], t).text
+    return (f"[Runbook]({url})" in text if fmt == "markdown" else f"Runbook: {url}" in text), text
+
+
+def test_a_runbook_is_a_link_only_where_the_operator_configured():
+    # the default: the generated rules' runbook, and every runbook_url the generated rules write
+    rules = yaml.safe_load((REPO / "rules" / "verl-alerts.yaml").read_text(encoding="utf-8"))
+    urls = {r["annotations"]["runbook_url"] for g in rules["groups"] for r in g["rules"]
+            if "runbook_url" in r.get("annotations", {})}
+    assert urls and all(_runbook_link(u)[0] for u in urls)
+    for fmt in ("markdown", "text"):
+        linked, text = _runbook_link("https://evil.example/runbook.md#verlx", fmt=fmt)
+        assert not linked and "https://evil" not in text and "evil.example" not in text
+        assert "Runbook (not a configured address, not linked): https：//evil·example/runbook·md" in text
+    wiki = ["https://wiki.corp.example/verl/"]
+    assert _runbook_link("https://wiki.corp.example/verl/gpu#xid", wiki)[0]
+    assert _runbook_link("https://WIKI.corp.example/verl", wiki)[0]
+    for off in ("https://wiki.corp.example.evil.io/verl/x", "https://wiki.corp.example/verlx",
+                "https://wiki.corp.example/verl/../admin", "https://wiki.corp.example/verl/%2e%2e/admin",
+                "https://user@wiki.corp.example/verl/x", "http://wiki.corp.example/verl/x",
+                "https://wiki.corp.example:8443/verl/x", RUNBOOK + "#verlx"):
+        assert not _runbook_link(off, wiki)[0], off
+    with pytest.raises(RelayConfigError, match="runbook_urls.0"):
+        parse_config({"targets": {"dt": {"type": "dingtalk", "token_env": "T"}}, "routes": [{"targets": ["dt"]}],
+                      "runbook_urls": ["javascript:alert(1)"]}, environ={"T": "t"})
 
 
 # ---------------------------------------------------------------- sizes and splitting

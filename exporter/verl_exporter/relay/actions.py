@@ -17,6 +17,7 @@ says the request was applied counts as done (``applied: false``: the sidecar cou
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import queue
@@ -105,7 +106,11 @@ class ActionRunner:
     def _run(self) -> None:
         while True:
             act, alertname = self._queue.get()
-            result = self._call(act, alertname)
+            try:
+                result = self._call(act, alertname)
+            except Exception:  # a bug must cost this action, not the thread (and every later action)
+                log.exception("action: the %s request to %s failed", act.action, act.url)
+                result = "failed"
             self._metrics.inc("verl_relay_actions_total", action=act.action, result=result)
 
     def _call(self, act: Action, alertname: str) -> str:
@@ -132,7 +137,7 @@ class ActionRunner:
                     return "refused"
                 log.warning("action: %s failed (attempt %d): HTTP %d", where, attempt, e.code)
                 continue
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, http.client.HTTPException) as e:  # HTTPException: not an HTTP answer
                 log.warning("action: %s failed (attempt %d): %s", where, attempt, type(e).__name__)
                 continue
             applied = answer.get("applied") if isinstance(answer, dict) else None

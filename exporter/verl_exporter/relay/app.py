@@ -119,6 +119,11 @@ class RelayApp:
             return 503, {"error": f"the queue of target {e} is full; retry"}
         except Draining:
             return 503, {"error": "the relay is shutting down; retry"}
+        if payload.repairs:  # values no message could show, repaired: every alert is still delivered
+            for r in payload.repairs:
+                self.metrics.inc("verl_relay_repaired_values_total", reason=r.reason)
+            log.warning("webhook %s: %d value(s) repaired so that the alerts can be delivered: %s", receiver,
+                        len(payload.repairs), "; ".join(map(str, payload.repairs[:3]))[:600])
         return 200, {"status": "queued", "alerts": len(payload.alerts), "targets": queued}
 
     def _rejected(self, reason: str) -> None:

@@ -33,6 +33,7 @@ from pydantic import (
 
 from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate
 from ..core.server import parse_listen
+from ..spec import RulesConfig
 from .actions import Action
 
 ROBOT_TYPES = ("dingtalk", "wecom")
@@ -45,6 +46,8 @@ DEFAULT_URLS = {
 # The query parameter that carries each robot's token; it must come from a secret, never from `url`.
 TOKEN_PARAM = {"dingtalk": "access_token", "wecom": "key"}
 MiB = 1024 * 1024
+# Where the generated rules' runbook_url annotations point: the only runbook links shown by default.
+DEFAULT_RUNBOOK_URLS = (RulesConfig.runbook_url,)
 
 
 def zone(name: str) -> tzinfo:
@@ -90,6 +93,7 @@ class Target:
     rate_per_minute: int = 20
     template: str | None = None  # template source text (read at load), replacing the default for `format`
     text_template: str | None = None  # for the text fallback (WeCom mentions that must ring)
+    runbook_urls: tuple[str, ...] = DEFAULT_RUNBOOK_URLS  # a runbook_url under none of these is not linked
     # console targets only: the robot whose formatting they reproduce, where and what they write
     style: str = ""
     file: Path | None = None  # None: standard output
@@ -435,6 +439,10 @@ class RelayFile(_Secrets):
                                                           "alert, 200 x ~2.2 KB in the generated config")
     spool_dir: Annotated[PathText, AfterValidator(_spool_dir)] | None = Field(
         None, description="journal of accepted alerts and leftovers at shutdown, resent at the next start")
+    runbook_urls: list[HttpUrl] = Field(
+        list(DEFAULT_RUNBOOK_URLS), description="an alert's runbook_url is a link only under one of these "
+        "(same scheme, host and port; the path at or below); any other is shown as plain text. Default: the "
+        "generated rules' runbook")
     timezone: str = Field("UTC", description="IANA zone of the times in messages, e.g. Asia/Shanghai")
     delivery: Delivery = Field(default_factory=Delivery)
     targets: dict[Name, TargetEntry] = Field(min_length=1, description="robots (and consoles) by name")
@@ -462,7 +470,8 @@ class RelayFile(_Secrets):
 
     def config(self) -> RelayConfig:
         return RelayConfig(
-            targets={name: _target(name, t) for name, t in self.targets.items()},
+            targets={name: replace(_target(name, t), runbook_urls=tuple(self.runbook_urls))
+                     for name, t in self.targets.items()},
             routes=tuple(self.routes),
             listen=self.listen, bearer_token=self.secret_of("bearer_token"), max_body_bytes=self.max_body_bytes,
             spool_dir=self.spool_dir, timezone=self.timezone, delivery=self.delivery,

@@ -6,6 +6,8 @@
   becomes fewer, fuller messages instead of drops. A newer state of an alert that is still queued replaces
   the older one in place (counted as superseded).
 - Accounting: every alert accepted is delivered, or counted and logged as failed, or spooled at shutdown.
+  An alert the formatter fails on costs only itself: the webhook checks each alert before accepting it,
+  and a batch that still fails to pack is split to find the alert at fault (dropped as unrenderable).
 - Shutdown: drain for a bounded time, then hand back what is left (``remaining``) for the spool.
 - Restarts (with spool_dir): every accepted alert and every attempt is in the journal (journal.py) before
   it counts, so a killed relay resends what it had not delivered and keeps each robot's rate window.
@@ -26,10 +28,10 @@ from pathlib import Path
 
 from ..core.atomicfile import write_atomic
 from .config import RelayConfig, Target, zone
-from .format import Message, pack
+from .format import Message, pack, unrenderable
 from .journal import Journal, SpoolError
 from .metrics import RelayMetrics
-from .payload import Alert, parse_alert
+from .payload import Alert, Repair, parse_alert
 from .senders import Sender, make_sender
 from .summary import summarise
 
@@ -172,21 +174,57 @@ class TargetWorker:
     # ---- the worker
     def _take_batch(self) -> list[Queued] | None:
         with self._cond:
-            while not self._pending and not self._stop_now.is_set():
-                if self._draining:
+            while True:
+                while not self._pending and not self._stop_now.is_set():
+                    if self._draining:
+                        return None
+                    self._cond.wait()
+                if self._stop_now.is_set():
                     return None
-                self._cond.wait()
-            if self._stop_now.is_set():
-                return None
-            batch = list(self._pending)[:MAX_BATCH]
-            # Built under the lock so that no newer state can replace an alert between packing and removal.
-            message, used = self._pack([q.alert for q in batch])
-            for _ in range(used):
-                q = self._pending.popleft()
+                # Built under the lock so that no newer state can replace an alert between packing and removal.
+                packed = self._pack_head()
+                if packed is not None:
+                    break
+            message, used = packed
+            batch = [self._pending.popleft() for _ in range(used)]
+            for q in batch:
                 self._by_key.pop(q.alert.key, None)
-            self._inflight = batch[:used]
+            self._inflight = batch
             self._message = message
             return self._inflight
+
+    def _pack_head(self) -> tuple[Message, int] | None:
+        """The message for the head of the queue (under the lock). Should packing fail, each alert of the batch
+        is packed alone: those that fail alone are dropped, the rest is packed again; None when none is left."""
+        batch = list(self._pending)[:MAX_BATCH]
+        try:
+            return self._pack([q.alert for q in batch])
+        except Exception:
+            pass
+        good = []
+        for q in batch:
+            try:
+                self._pack([q.alert])
+            except Exception as e:
+                self._drop_unrenderable(q, e)
+            else:
+                good.append(q)
+        if not good:
+            return None
+        try:
+            return self._pack([q.alert for q in good])  # the good ones are now the head of the queue
+        except Exception:  # each packs alone but not together (a bug): one at a time still delivers them all
+            return self._pack([good[0].alert])
+
+    def _drop_unrenderable(self, q: Queued, e: Exception) -> None:
+        self._pending.remove(q)
+        self._by_key.pop(q.alert.key, None)
+        self.metrics.inc("verl_relay_alerts_total", target=self.target.name, result="unrenderable")
+        self._settled([q])
+        log.error("target %s: alert %r (%r) cannot be formatted (%s: %s); dropped, the others are delivered",
+                  self.target.name, q.alert.name[:100], q.alert.fingerprint[:40],
+                  type(e).__name__, str(e)[:200])
+        log.debug("target %s: why the alert cannot be formatted", self.target.name, exc_info=e)
 
     def _pack(self, alerts: list[Alert]):
         try:
@@ -302,6 +340,7 @@ class Dispatcher:
             for name, t in config.targets.items()}
         metrics.queue_state = lambda: {n: w.state() for n, w in self.workers.items()}
         self._draining = False
+        self.tz = zone(config.timezone)
         self.journal: Journal | None = None
         if config.spool_dir is not None:
             self.journal = Journal(config.spool_dir, metrics, config.delivery.rate_window_seconds)
@@ -321,6 +360,12 @@ class Dispatcher:
         plan: dict[str, list[Queued]] = {}
         now = time.monotonic()
         for alert in alerts:
+            why = unrenderable(alert, self.tz)
+            if why is not None:  # parse_payload repairs what it knows; this alert would stall a queue
+                self.metrics.inc("verl_relay_alerts_total", target="", result="unrenderable")
+                log.error("webhook %s: alert %r cannot be formatted (%s); not accepted, the others are", receiver,
+                          alert.name[:100], why)
+                continue
             targets = self.config.targets_for(receiver, alert.labels)
             if not targets:
                 self.metrics.inc("verl_relay_alerts_total", target="", result="unrouted")
@@ -335,13 +380,13 @@ class Dispatcher:
             if self.workers[t].room() < len(items):
                 raise QueueFull(t)
         for t, items in plan.items():
-            if self.journal is not None:  # kept before the 200, so a killed relay still has it
-                for q in items:
-                    q.jid = self.journal.add(t, q.receiver, q.alert.to_dict())
             try:
+                if self.journal is not None:  # kept before the 200, so a killed relay still has it
+                    for q in items:
+                        q.jid = self.journal.add(t, q.receiver, q.alert.to_dict())
                 self.workers[t].offer(items)
-            except (QueueFull, Draining):
-                if self.journal is not None:  # answered 503: Alertmanager sends them again
+            except Exception:
+                if self.journal is not None:  # not queued (503, or a bug: 500): Alertmanager sends them again
                     self.journal.done([q.jid for q in items])
                 raise
         for t, n in summarised.items():
@@ -455,12 +500,22 @@ class Dispatcher:
 
     def _requeue(self, source: str, entry, now: float) -> int:
         problems: list[str] = []
-        alert = parse_alert("spooled alert", entry.get("alert") if isinstance(entry, dict) else None, problems)
-        target = entry.get("target") if isinstance(entry, dict) else None
-        if alert is None or target not in self.workers:
-            self.metrics.inc("verl_relay_alerts_total", target=str(target or ""), result="failed")
+        repairs: list[Repair] = []
+        entry = entry if isinstance(entry, dict) else {}
+        alert = parse_alert("spooled alert", entry.get("alert"), problems, repairs)
+        target = entry.get("target")
+        known = isinstance(target, str) and target in self.workers
+        if alert is not None and known:
+            why = unrenderable(alert, self.tz)
+            problems += [f"it cannot be formatted ({why})"] if why else []
+        if alert is None or not known or problems:
+            self.metrics.inc("verl_relay_alerts_total", target=target if known else "", result="failed")
             log.error("%s: an entry cannot be resent (%s)", source,
-                      "; ".join(problems) or f"target {target!r} is no longer configured")
+                      "; ".join(problems) or f"target {str(target)[:100]!r} is not configured")
             return 0
+        for r in repairs:
+            self.metrics.inc("verl_relay_repaired_values_total", reason=r.reason)
+        if repairs:
+            log.warning("%s: %s", source, "; ".join(map(str, repairs[:3]))[:600])
         self.workers[target].offer([Queued(alert, str(entry.get("receiver", "")), now)], force=True)
         return 1

@@ -2,7 +2,9 @@
 
 Many alerts become one message: firing first (most severe first), then resolved. Every value that comes from
 an alert (labels, annotations) is escaped so that an alert cannot inject markdown, links or @mentions; only
-the relay itself adds mentions, and only for the people the target's config names. Messages respect the
+the relay itself adds mentions, and only for the people the target's config names. Those values come from
+the metric data (ultimately a training log), so a runbook link is shown only when it points under one of the
+target's ``runbook_urls``; any other is plain, defanged text. Messages respect the
 robots' size limits in bytes: ``pack`` takes the longest run of alerts that fits one message (switching to
 one line per alert when a full listing would not fit), and a single oversized alert is shortened, never cut
 inside a UTF-8 character.
@@ -12,12 +14,13 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from functools import lru_cache
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
@@ -46,9 +49,20 @@ _LOOKALIKES = str.maketrans({
 # _ only emphasises at a word edge (node_1 stays as it is, _x_ does not).
 _EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 # Bare URLs are auto-linked by the robots' clients; a full-width colon keeps them readable but dead.
-_SCHEME = re.compile(r"(?i)([a-z][a-z0-9+.-]*):(?=//)")
-# Control characters (but newline and tab) and invisible/bidi characters that can disguise text.
-_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+# (This and _DOTTED only start where a token starts, the look-behinds: a long value costs linear time.)
+_SCHEME = re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*):(?=//)")
+# So are bare host names (www.evil.example/login): a run of dotted labels whose last one could be a top-level
+# domain (letters, or punycode), or an IPv4 address before a path. Their dots become middle dots, which no
+# IDN mapping turns back into dots (unlike U+2024, U+FF0E or U+3002).
+_DOTTED = re.compile(r"(?<![\w-])[\w-]+(?:\.[\w-]+)+")
+_IPV4_PATH = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?=(?::\d+)?/)")
+# Control characters (but newline and tab); format characters (Unicode's Cf: bidi marks such as U+061C and
+# U+202E, zero-width ones) that can disguise text are dropped too, and lone surrogates (Cs: not encodable).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_HIDDEN = ("Cf", "Cs")
+# A line of only - or = underlines the line above as a heading (setext) or is a rule.
+_RULE_LINE = re.compile(r"[-=\s]+")
+_RULE_LOOKALIKES = str.maketrans({"-": "‐", "=": "＝"})
 
 # Field caps, so that one verbose alert cannot crowd out the others (the full text stays in Alertmanager).
 SUMMARY_CHARS = 300
@@ -63,14 +77,31 @@ class TemplateError(ValueError):
 
 def escape(text: str, multiline: bool = False) -> str:
     """Neutralise alert-controlled text for any robot message kind (markdown or text)."""
-    text = _INVISIBLE.sub("", text)
-    if not multiline:
-        text = " ".join(text.split())
-    else:
-        text = "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+    text = _CONTROL.sub("", text)
+    if not text.isascii():
+        text = "".join(c for c in text if unicodedata.category(c) not in _HIDDEN)
+    lines = text.splitlines() if multiline else [text]
+    lines = [" ".join(line.split()) for line in lines if line.strip()]
+    text = "\n".join(ln.translate(_RULE_LOOKALIKES) if _RULE_LINE.fullmatch(ln) else ln for ln in lines)
     text = text.translate(_LOOKALIKES)
     text = _EDGE_UNDERSCORE.sub("＿", text)
-    return _SCHEME.sub(r"\1：", text)
+    text = _SCHEME.sub(r"\1：", text)
+    if "." in text:
+        text = _DOTTED.sub(_defang_host, text)
+        text = _IPV4_PATH.sub(lambda m: m.group().replace(".", "·"), text)
+    return text
+
+
+def _no_scheme(text: str) -> str:
+    """A URL as text that no client links: javascript:x and mailto:x have no // for _SCHEME to find."""
+    return text.replace(":", "：")
+
+
+def _defang_host(m: re.Match) -> str:
+    last = m.group().rsplit(".", 1)[1]
+    if (len(last) >= 2 and last.isalpha()) or last.lower().startswith("xn--"):
+        return m.group().replace(".", "·")
+    return m.group()
 
 
 def clip(text: str, chars: int) -> str:
@@ -83,6 +114,27 @@ def cut_utf8(text: str, max_bytes: int) -> str:
     if len(raw) <= max_bytes:
         return text
     return raw[:max(max_bytes, 0)].decode("utf-8", "ignore")
+
+
+def allowed_url(url: str, prefixes: Sequence[str]) -> bool:
+    """Whether url is under one of prefixes: the same scheme, host and port, and a path at or below the
+    prefix's (no user part, no dot segments that a browser would resolve to somewhere else)."""
+    try:
+        parts = urlsplit(url.strip())
+        if parts.username is not None or parts.password is not None:
+            return False
+        segments = unquote(parts.path).replace("\\", "/").split("/")
+        if "." in segments or ".." in segments:
+            return False
+        for prefix in prefixes:
+            base = urlsplit(prefix)
+            path = base.path.rstrip("/")
+            if (parts.scheme.lower(), parts.hostname, parts.port) == (base.scheme.lower(), base.hostname, base.port) \
+                    and (parts.path == path or parts.path.startswith(path + "/")):
+                return True
+    except ValueError:  # an unparsable URL or port
+        return False
+    return False
 
 
 def safe_url(url: str) -> str:
@@ -111,7 +163,8 @@ class AlertView:
     starts_at: str
     ends_at: str
     duration: str
-    runbook_url: str
+    runbook_url: str  # "" unless it is under one of the target's runbook_urls
+    runbook_text: str  # a runbook_url that is not: escaped and defanged, never a link
     source_url: str
     labels: dict[str, str]
 
@@ -133,7 +186,8 @@ def _when(t: datetime | None, tz: tzinfo) -> str:
 
 
 def view(alert: Alert, target_type: str, tz: tzinfo, description_chars: int = DESCRIPTION_CHARS,
-         summary_chars: int = SUMMARY_CHARS, value_chars: int = VALUE_CHARS) -> AlertView:
+         summary_chars: int = SUMMARY_CHARS, value_chars: int = VALUE_CHARS,
+         runbooks: Sequence[str] = ()) -> AlertView:
     colors = WECOM_COLORS if target_type == "wecom" else DINGTALK_COLORS
     color = colors["resolved"] if alert.status == "resolved" else colors.get(alert.severity, colors[""])
     where = " · ".join(f"{k} {clip(escape(alert.labels[k]), value_chars)}" for k in WHERE_LABELS
@@ -142,13 +196,17 @@ def view(alert: Alert, target_type: str, tz: tzinfo, description_chars: int = DE
     duration = ""
     if alert.status == "resolved" and alert.ends_at is not None:
         duration = _duration((alert.ends_at - alert.starts_at).total_seconds())
+    runbook = ann.get("runbook_url", "")
+    runbook_url = safe_url(runbook) if allowed_url(runbook, runbooks) else ""
     return AlertView(
         status=alert.status, name=clip(escape(alert.name), value_chars) or "(unnamed)",
         severity=clip(escape(alert.severity), 20), color=color, where=where,
         summary=clip(escape(ann.get("summary", "")), summary_chars),
         description=clip(escape(ann.get("description", ""), multiline=True), description_chars),
         starts_at=_when(alert.starts_at, tz), ends_at=_when(alert.ends_at, tz), duration=duration,
-        runbook_url=safe_url(ann.get("runbook_url", "")), source_url=safe_url(alert.generator_url),
+        runbook_url=runbook_url,
+        runbook_text="" if runbook_url or not summary_chars else clip(_no_scheme(escape(runbook)), summary_chars),
+        source_url=safe_url(alert.generator_url),
         labels={escape(k): clip(escape(v), value_chars) for k, v in sorted(alert.labels.items())},
     )
 
@@ -200,6 +258,9 @@ DEFAULT_MARKDOWN = """\
 {% endif %}
 {{ a.starts_at ~ " → " ~ a.ends_at ~ " (" ~ a.duration ~ ")" if a.status == "resolved" else "Since " ~ a.starts_at }}\
 {{ " · [Runbook](" ~ a.runbook_url ~ ")" if a.runbook_url }}
+{% if a.runbook_text %}
+Runbook (not a configured address, not linked): {{ a.runbook_text }}
+{% endif %}
 {% endif %}
 {% endfor %}
 """
@@ -225,6 +286,8 @@ DEFAULT_TEXT = """\
 {{ a.starts_at ~ " → " ~ a.ends_at ~ " (" ~ a.duration ~ ")" if a.status == "resolved" else "Since " ~ a.starts_at }}
 {% if a.runbook_url %}
 Runbook: {{ a.runbook_url }}
+{% elif a.runbook_text %}
+Runbook (not a configured address, not linked): {{ a.runbook_text }}
 {% endif %}
 {% endif %}
 {% endfor %}
@@ -246,6 +309,19 @@ def _sample_alerts() -> list[Alert]:
     return [Alert("firing", labels, ann, t, None, "", "a"), Alert("resolved", labels, ann, t, t, "", "b")]
 
 
+def unrenderable(alert: Alert, tz: tzinfo) -> str | None:
+    """Why an alert cannot be shown, nor kept in the journal (None: it can); what the webhook checks before it
+    accepts one. Escaping cannot fail on text that encodes, so the times in the zone and the encoding of
+    every value are what can (a full render would cost ten times more on every webhook)."""
+    try:
+        for t in (alert.starts_at, alert.ends_at):
+            _when(t, tz)
+        encode(alert.to_dict())
+    except (ArithmeticError, ValueError, TypeError) as e:  # OverflowError, UnicodeEncodeError among them
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
 def check_template(source: str) -> None:
     """Compile a user template and render it once per mode with sample alerts; TemplateError otherwise."""
     try:
@@ -258,7 +334,7 @@ def check_template(source: str) -> None:
 
 
 def _context(alerts: Sequence[Alert], target_type: str, tz: tzinfo, compact: bool,
-             shrink: int = 0, cache: dict | None = None) -> dict[str, Any]:
+             shrink: int = 0, cache: dict | None = None, runbooks: Sequence[str] = ()) -> dict[str, Any]:
     # shrink > 0 shortens free text, for the one alert that is too big for a message on its own.
     caps = [(DESCRIPTION_CHARS, SUMMARY_CHARS, VALUE_CHARS), (200, 200, 80), (0, 80, 40), (0, 0, 20)][shrink]
     cache = {} if cache is None else cache  # pack renders the same alerts many times: escape them once
@@ -266,7 +342,7 @@ def _context(alerts: Sequence[Alert], target_type: str, tz: tzinfo, compact: boo
     for a in order(alerts):
         key = (id(a), shrink)
         if key not in cache:
-            cache[key] = view(a, target_type, tz, *caps)
+            cache[key] = view(a, target_type, tz, *caps, runbooks=runbooks)
         views.append(cache[key])
     return {"title": title(alerts), "alerts": views, "firing": [v for v in views if v.status == "firing"],
             "resolved": [v for v in views if v.status == "resolved"], "compact": compact,
@@ -372,7 +448,7 @@ def render_message(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = 
         source = target.text_template
     else:
         source = DEFAULT_MARKDOWN if kind == "markdown" else DEFAULT_TEXT
-    ctx = _context(alerts, target.type, tz, compact, shrink, cache)
+    ctx = _context(alerts, target.type, tz, compact, shrink, cache, target.runbook_urls)
     text = _compile(source).render(**ctx)
     if max_text_bytes is not None and len(text.encode("utf-8")) > max_text_bytes:
         text = cut_utf8(text, max_text_bytes - 3) + "…"

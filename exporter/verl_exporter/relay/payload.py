@@ -4,6 +4,12 @@ Every problem of a body is reported at once, each naming the field (``alerts.3.l
 the sender exactly what is wrong. Unknown keys are ignored: Alertmanager may add fields in a later release,
 and refusing them would turn an upgrade into lost notifications. The relay works on ``Alert`` dataclasses
 (built cheaply, also from the spool); the models only check what arrives.
+
+Values that are well-formed but that no message could show are repaired here, where they enter, so that
+nothing reaches the queues or the journal that the formatter cannot render (and one such alert never costs
+the others of its webhook, which Alertmanager would not send again after a 200 or a 400): a time outside
+the range every time zone can show is clamped, a lone surrogate (a ``\\udXXX`` escape that pairs with
+nothing: not encodable text) becomes U+FFFD. Each repair is a ``Repair`` naming the field.
 """
 
 from __future__ import annotations
@@ -14,7 +20,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from ..core.models import FileError, StrictModel
 from ..core.models import problems as problem_lines
@@ -28,6 +43,25 @@ MAX_PROBLEMS, MAX_PROBLEM_CHARS = 20, 300
 
 # Why a body was refused: the `reason` label of verl_relay_rejected_payloads_total (a closed set).
 REASONS = ("not_json", "too_deep", "not_webhook", "too_large", "bad_length")
+# What was repaired in an accepted alert: the `reason` label of verl_relay_repaired_values_total.
+REPAIRS = ("time_out_of_range", "bad_unicode")
+# The times every zone can show: UTC offsets stay under a day, so a day inside datetime's range is enough.
+EARLIEST = datetime(1, 1, 2, tzinfo=timezone.utc)
+LATEST = datetime(9999, 12, 30, tzinfo=timezone.utc)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # after json.loads, a surrogate left alone had no partner
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A value of an accepted alert changed so that it can be delivered."""
+
+    reason: str  # one of REPAIRS
+    field: str  # alerts.5.startsAt
+    detail: str  # one sentence: what it was and what it became
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.detail}"
 
 
 class PayloadError(FileError):
@@ -85,7 +119,51 @@ class Alert:
 def _fmt_time(t: datetime) -> str:
     if t == ZERO_TIME:
         return "0001-01-01T00:00:00Z"
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat, not strftime: %Y writes year 5 as "5", which parse_time (four digits) would refuse
+    return t.astimezone(timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def _clamp(t: datetime, where: str, repairs: list[Repair]) -> datetime:
+    if EARLIEST <= t <= LATEST:
+        return t
+    bound = EARLIEST if t < EARLIEST else LATEST
+    repairs.append(Repair("time_out_of_range", where, f"{t.isoformat()} cannot be shown in every time zone; "
+                                                      f"clamped to {_fmt_time(bound)}"))
+    return bound
+
+
+def _mend(value: Any, where: str, repairs: list[Repair]) -> Any:
+    """value with every lone surrogate of its strings (names too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        if not _SURROGATE.search(value):
+            return value
+        repairs.append(Repair("bad_unicode", where or "(top)", "a lone surrogate (not encodable text) replaced "
+                                                               "by U+FFFD"))
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            key = _mend(k, _child(where, "(a name)"), repairs)
+            out[key] = _mend(v, _child(where, key[:40]), repairs)
+        return out
+    if isinstance(value, list):
+        return [_mend(v, _child(where, str(i)), repairs) for i, v in enumerate(value)]
+    return value
+
+
+def _child(where: str, name: str) -> str:
+    name = name if name.isprintable() else ascii(name)  # the path is logged: no newline or escape from a key
+    return f"{where}.{name}" if where else name
+
+
+def _may_hold_surrogates(body: bytes | str) -> bool:
+    """False when the JSON text cannot decode to a lone surrogate: most bodies need no walk through them."""
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")  # strict: no surrogate comes through but as a \udXXX escape
+        except UnicodeDecodeError:  # UTF-16/32, or surrogates encoded raw: json.loads takes those too
+            return True
+    return bool(_SURROGATE_ESCAPE.search(body) or _SURROGATE.search(body))
 
 
 def _time(value: Any) -> Any:
@@ -119,10 +197,19 @@ class AlertIn(_Webhook):
             raise ValueError("has no alertname")
         return labels
 
-    def alert(self) -> Alert:
-        ends_at = None if self.ends_at is None or self.ends_at <= ZERO_TIME else self.ends_at
-        return Alert(self.status, self.labels, self.annotations, self.starts_at, ends_at, self.generator_url,
+    def alert(self, where: str = "alert", repairs: list[Repair] | None = None) -> Alert:
+        """The Alert, its times clamped to what every zone can show (each clamp added to repairs)."""
+        repairs = [] if repairs is None else repairs
+        starts_at = _clamp(self.starts_at, f"{where}.startsAt", repairs)
+        ends_at = self.ends_at
+        ends_at = None if ends_at is None or ends_at <= ZERO_TIME else _clamp(ends_at, f"{where}.endsAt", repairs)
+        return Alert(self.status, self.labels, self.annotations, starts_at, ends_at, self.generator_url,
                      self.fingerprint)
+
+
+def _alerts(alerts: list[AlertIn], info: ValidationInfo) -> tuple[Alert, ...]:
+    repairs = (info.context or {}).get("repairs", [])
+    return tuple(a.alert(f"alerts.{i}", repairs) for i, a in enumerate(alerts))
 
 
 class WebhookPayload(_Webhook):
@@ -137,8 +224,13 @@ class WebhookPayload(_Webhook):
     common_labels: Labels = Field(default_factory=dict, alias="commonLabels")
     common_annotations: Labels = Field(default_factory=dict, alias="commonAnnotations")
     external_url: str = Field("", alias="externalURL")
-    alerts: Annotated[list[AlertIn], Field(min_length=1),
-                      AfterValidator(lambda alerts: tuple(a.alert() for a in alerts))]
+    alerts: Annotated[list[AlertIn], Field(min_length=1), AfterValidator(_alerts)]
+    _repairs: list[Repair] = PrivateAttr(default_factory=list)
+
+    @property
+    def repairs(self) -> list[Repair]:
+        """What parse_payload changed so that the alerts can be delivered (count and log them)."""
+        return self._repairs
 
 
 def _hint(err: dict, path: tuple) -> str | None:
@@ -160,12 +252,17 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def parse_alert(where: str, raw: Any, problems: list[str]) -> Alert | None:
-    """One element of ``alerts`` (or a spooled alert); problems are appended, None when it cannot be used."""
+def parse_alert(where: str, raw: Any, problems: list[str], repairs: list[Repair] | None = None) -> Alert | None:
+    """One element of ``alerts`` (or a spooled alert); problems are appended, None when it cannot be used.
+    Values repaired as in a webhook are added to repairs."""
+    repairs = [] if repairs is None else repairs
     try:
-        return AlertIn.model_validate(raw).alert()
+        return AlertIn.model_validate(_mend(raw, where, repairs)).alert(where, repairs)
     except ValidationError as e:
         problems.extend(_problems(e, where))
+        return None
+    except RecursionError:  # nested too deeply for the walk that mends strings
+        problems.append(f"{where}: nested too deeply to be an alert")
         return None
 
 
@@ -179,7 +276,15 @@ def parse_payload(body: bytes | str) -> WebhookPayload:
         raise PayloadError([f"the body is not JSON: {str(e)[:200]}"], "not_json") from None
     if not isinstance(doc, dict):
         raise PayloadError([f"the body must be a JSON object, got {_kind(doc)}"])
+    repairs: list[Repair] = []
     try:
-        return WebhookPayload.model_validate(doc)
+        if _may_hold_surrogates(body):
+            doc = _mend(doc, "", repairs)
+    except RecursionError:
+        raise PayloadError(["the body is nested too deeply to be a webhook payload"], "too_deep") from None
+    try:
+        payload = WebhookPayload.model_validate(doc, context={"repairs": repairs})
     except ValidationError as e:
         raise PayloadError(_problems(e, "body")) from None
+    payload._repairs = repairs
+    return payload

@@ -35,6 +35,8 @@ def preview(config: RelayConfig, payload: WebhookPayload, out: Callable[[str], N
     n = len(payload.alerts)
     out(f"receiver {receiver}: {n} alert(s) ({sum(a.status == 'firing' for a in payload.alerts)} firing); "
         "nothing is sent")
+    for r in payload.repairs:  # as the relay would log them
+        out(f"repaired {r}")
     for name, alerts in per_target.items():
         target = config.targets[name]
         queued, _ = summarise(alerts, payload.truncated_alerts)  # a large group is one summary, as when live
