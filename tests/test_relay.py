@@ -438,6 +438,13 @@ def test_bad_input_gets_the_right_4xx_and_the_relay_keeps_serving(robots, start_
         assert got == code, (name, answer)
         assert words in json.dumps(answer), (name, answer)
     assert post(relay, "verl-warning", b"", method="GET")[0] == 405
+    # a 405 names what is allowed; /healthz is read-only, like the sidecar's
+    for path, method, allowed in [("/alert/verl-warning", "GET", "POST"), ("/healthz", "POST", "GET, HEAD"),
+                                  ("/healthz", "DELETE", "GET, HEAD")]:
+        req = urllib.request.Request(relay.url + path, data=b"" if method == "POST" else None, method=method)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=5)
+        assert (refused.value.code, refused.value.headers.get("Allow")) == (405, allowed), (path, method)
     assert post(relay, "verl-warning", good)[0] == 200
     wait_for(lambda: dt.messages, timeout=5)
     m = metrics(relay)

@@ -21,7 +21,8 @@ from .exposition import choose_format, gzip_wanted
 from .httpserver import HttpServer, ListenError, parse_listen
 from .selfmetrics import SelfMetrics, describe
 
-__all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "metrics_app", "parse_listen"]
+__all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "method_not_allowed",
+           "metrics_app", "parse_listen"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ _READ_METHODS = ("GET", "HEAD")
 _EOF = b"# EOF\n"
 
 
-def _method_not_allowed(environ, start_response):
+def method_not_allowed(environ, start_response):
     """405 for a method other than GET/HEAD on a read-only path, or None when the method is one of them."""
     if environ.get("REQUEST_METHOD", "GET") in _READ_METHODS:
         return None
@@ -84,7 +85,7 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
         if path == "/healthz":
             return health_handler(path, health)(environ, start_response)
         if path == "/":
-            if refused := _method_not_allowed(environ, start_response):
+            if refused := method_not_allowed(environ, start_response):
                 return refused
             # The run name is the user's text: escaped for HTML, and for UTF-8 (argv may hold lone surrogates).
             body = _INDEX.format(summary=html.escape(summary)).encode("utf-8", "backslashreplace")
@@ -102,7 +103,7 @@ def health_handler(path: str, health: HealthFn):
     def handle(environ, start_response):
         if environ.get("PATH_INFO") != path:
             return None
-        if refused := _method_not_allowed(environ, start_response):
+        if refused := method_not_allowed(environ, start_response):
             return refused
         healthy, details = health()
         body = json.dumps({"status": "ok" if healthy else "failing", **details}, sort_keys=True).encode()
@@ -125,7 +126,7 @@ def metrics_app(registry: CollectorRegistry, renderers=(), self_metrics: SelfMet
             self_metrics.problem("exposition", "render", message, expected=True)
 
     def app(environ, start_response):
-        if refused := _method_not_allowed(environ, start_response):
+        if refused := method_not_allowed(environ, start_response):
             return refused
         encoder, content_type = choose_format(environ.get("HTTP_ACCEPT"))
         openmetrics = content_type.startswith("application/openmetrics-text")

@@ -16,7 +16,7 @@ import threading
 
 from ..core.auth import bearer_token_ok
 from ..core.httpserver import HttpServer
-from ..core.server import metrics_app
+from ..core.server import method_not_allowed, metrics_app
 from .actions import ActionRunner
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull
@@ -51,11 +51,11 @@ class RelayApp:
         if path == "/metrics":
             return self._metrics_app(environ, start_response)
         if path == "/healthz":
-            return self._health(start_response)
+            return method_not_allowed(environ, start_response) or self._health(start_response)
         if not path.startswith("/alert/"):
             return _json(start_response, 404, {"error": "not found: POST /alert/<receiver>, GET /metrics, /healthz"})
         code, body = self._webhook(environ, path, method)
-        return _json(start_response, code, body)
+        return _json(start_response, code, body, [("Allow", "POST")] if code == 405 else [])
 
     def _webhook(self, environ, path: str, method: str) -> tuple[int, dict]:
         m = _PATH_RE.match(path)
@@ -157,10 +157,10 @@ def _discard(environ, length: int, cap: int) -> None:
         left -= len(chunk)
 
 
-def _json(start_response, code: int, body: dict):
+def _json(start_response, code: int, body: dict, extra_headers=()):
     data = json.dumps(body, sort_keys=True).encode()
     start_response(f"{code} {_REASONS.get(code, '')}",
-                   [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+                   [("Content-Type", "application/json"), ("Content-Length", str(len(data))), *extra_headers])
     return [data]
 
 
