@@ -121,7 +121,8 @@ def test_nesting_within_the_cap_is_fine():
     "a: !!python/object:os.system {}\n",
     "{[1]: 2}\n",
     "<<: 5\n",
-], ids=["bad-date", "huge-int", "bad-float", "bad-int", "bad-bool", "bad-timestamp", "python-tag", "unhashable-key", "bad-merge"])
+], ids=["bad-date", "huge-int", "bad-float", "bad-int", "bad-bool", "bad-timestamp", "python-tag", "unhashable-key",
+        "bad-merge"])
 def test_a_value_yaml_cannot_build_is_a_file_error(text):
     with pytest.raises(FileError) as e:
         parse_yaml(text, "v.yaml")

@@ -447,7 +447,7 @@ def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = Non
              minutes_firing: dict[str, int] | None = None) -> list[Firing]:
     """Every alert start (minute by minute) of the generated rules over the samples, with its value; when
     minutes_firing is given, it is filled with the minutes each alert (any of its label sets) fired."""
-    import yaml
+    from ..core.models import read_yaml
 
     promtool = promtool or shutil.which("promtool")
     if promtool is None:
@@ -456,7 +456,7 @@ def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = Non
         raise ValueError("evaluate() reads one sample a minute (scrape_s=60)")
     rules_dir = Path(rules_dir).resolve()
     # The alerting rules as the files hold them (not the spec): a backtest judges the rules it is given.
-    rules = [r for g in yaml.safe_load((rules_dir / "verl-alerts.yaml").read_text())["groups"]
+    rules = [r for g in read_yaml(rules_dir / "verl-alerts.yaml")[0]["groups"]
              for r in g["rules"] if "alert" in r]
     severity = {r["alert"]: r.get("labels", {}).get("severity", "") for r in rules}
     rule_labels = sorted({k for r in rules for k in r.get("labels", {})} | {"alertstate"})
