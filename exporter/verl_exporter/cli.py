@@ -9,7 +9,7 @@ import os
 import sys
 
 from . import __version__
-from .core.shutdown import stop_event
+from .core.shutdown import GRACE_S, exit_on_signal, stop_event
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
@@ -192,7 +192,7 @@ def cmd_serve(args) -> int:
     toggles = {k.split("__", 1)[1]: flags.pop(k) for k in list(flags) if k.startswith("collector__")}
     if any(v is not None for v in toggles.values()):
         flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
-    done = stop_event()
+    done = stop_event(grace=GRACE_S)
     try:
         # the file alone is checked (with its lines) by read_config_file: what fails here came with the flags
         config = build_config(read_config_file(args.config), flags,
@@ -388,6 +388,7 @@ def cmd_node(args) -> int:
 def cmd_backtest(args) -> int:
     from .tools.backtest import run_backtest
 
+    exit_on_signal()
     return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
                         rules_dir=args.rules, progress=not args.no_progress, overrides=args.overrides,
                         max_steps=args.max_steps)
@@ -403,6 +404,7 @@ def cmd_calibrate(args) -> int:
     from .tools.backtest import _progress
     from .tools.replay import NotAVerlLog
 
+    exit_on_signal()
     out_path = None if args.out == "-" else Path(args.out)
     base_path = resolve_path(args.overrides)
     if out_path is not None and out_path.exists() and not args.force:
