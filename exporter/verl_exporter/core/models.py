@@ -135,7 +135,13 @@ def _alias_problem(text: str, origin: str) -> str:
     return f"{origin}: anchors and aliases are not accepted in this file; write the value out"
 
 
-def _syntax_problem(e: yaml.YAMLError, origin: str) -> str:
+def _syntax_problem(e: yaml.YAMLError, origin: str, text: str) -> str:
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow, e.g. a control character
+        code = ord(e.character) if isinstance(e.character, str) else e.character
+        # libyaml counts bytes of the UTF-8 text, the pure-Python reader characters
+        before = text.encode("utf-8", "replace")[:e.position] if hasattr(yaml, "CSafeLoader") else text[:e.position]
+        line = before.count(b"\n" if isinstance(before, bytes) else "\n") + 1
+        return f"{origin}:{line}: not valid YAML: character U+{code:04X}: {e.reason}"
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     if not isinstance(e, yaml.MarkedYAMLError) or mark is None:
         return f"{origin}: not valid YAML: {e}"
@@ -167,7 +173,7 @@ def parse_yaml(text: str, origin: str, error: type[FileError] = FileError) -> tu
         raise error([_alias_problem(text, origin) if r.text == "alias" else f"{origin}:{r.line}: {r.text}"],
                     origin) from None
     except yaml.YAMLError as e:
-        raise error([_syntax_problem(e, origin)], origin) from None
+        raise error([_syntax_problem(e, origin, text)], origin) from None
     finally:
         loader.dispose()
 
