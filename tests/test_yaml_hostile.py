@@ -146,3 +146,13 @@ def test_the_files_the_pack_ships_load_with_the_loader():
                root / "docker/relay/relay.yaml"]
     for path in shipped:
         read_yaml(path)
+
+
+def test_a_problem_with_no_line_is_reported_for_a_path_given_as_a_path(tmp_path):
+    # found by the fuzzer: a dashed key of the sidecar config ('0-' read as '0_') has no line of its own, and
+    # the place of the problem was then the Path itself, which broke the report with an AttributeError
+    path = tmp_path / "serve.yaml"
+    path.write_text("0-: false\n")
+    with pytest.raises(FileError) as e:
+        read_config_file(path)
+    assert e.value.problems[0].startswith(f"{path}"), e.value.problems

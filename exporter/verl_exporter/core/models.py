@@ -202,7 +202,7 @@ def where(origin: str, lines: dict[tuple, int], path: tuple) -> str:
         line = lines.get(tuple(path[:n]))
         if line is not None:
             return f"{origin}:{line}"
-    return origin
+    return str(origin)  # a Path given as the origin (read_config_file(Path(...))) is still text
 
 
 _UNION_BRANCH = re.compile(r"^(function-|constrained-str|literal\[|dict\[|list\[|str$|int$|float$|bool$|none$)")
