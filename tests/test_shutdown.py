@@ -148,3 +148,12 @@ def ended_pid(pid: int, within: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_a_one_shot_command_in_process_leaves_the_signal_handlers_as_they_were():
+    from verl_exporter.core.shutdown import SIGNALS, exit_on_signal
+
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    with exit_on_signal():
+        assert all(signal.getsignal(s) is not before[s] for s in SIGNALS)
+    assert {s: signal.getsignal(s) for s in SIGNALS} == before

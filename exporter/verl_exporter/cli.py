@@ -388,13 +388,18 @@ def cmd_node(args) -> int:
 def cmd_backtest(args) -> int:
     from .tools.backtest import run_backtest
 
-    exit_on_signal()
-    return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
-                        rules_dir=args.rules, progress=not args.no_progress, overrides=args.overrides,
-                        max_steps=args.max_steps)
+    with exit_on_signal():
+        return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
+                            rules_dir=args.rules, progress=not args.no_progress, overrides=args.overrides,
+                            max_steps=args.max_steps)
 
 
 def cmd_calibrate(args) -> int:
+    with exit_on_signal():
+        return _calibrate(args)
+
+
+def _calibrate(args) -> int:
     import shutil
     from pathlib import Path
 
@@ -404,7 +409,6 @@ def cmd_calibrate(args) -> int:
     from .tools.backtest import _progress
     from .tools.replay import NotAVerlLog
 
-    exit_on_signal()
     out_path = None if args.out == "-" else Path(args.out)
     base_path = resolve_path(args.overrides)
     if out_path is not None and out_path.exists() and not args.force:

@@ -75,14 +75,22 @@ def _exit(signum: int, why: str) -> None:
     os._exit(128 + signum)
 
 
-def exit_on_signal() -> None:
-    """For a one-shot command (backtest, calibrate): SIGINT and SIGTERM raise SystemExit at once, so that the
-    command stops promptly and its clean-up still runs (a promtool child is killed, temporary folders go)."""
+@contextlib.contextmanager
+def exit_on_signal() -> Iterator[None]:
+    """For a one-shot command (backtest, calibrate), for the length of a block: SIGINT and SIGTERM raise
+    SystemExit at once, so that the command stops promptly and its clean-up still runs (a promtool child is
+    killed, temporary folders go); the previous handlers are restored after it."""
     def handler(signum, _frame):
         raise SystemExit(128 + signum)
 
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in SIGNALS:
         signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
