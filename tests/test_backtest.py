@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
+import pytest
 from conftest import require_tool
 from verl_exporter.cli import main
 from verl_exporter.tools import replay as rp
@@ -85,3 +88,94 @@ def test_the_report_directory_is_created_and_an_unwritable_one_is_a_clear_error(
     (tmp_path / "file").write_text("")
     assert main(["backtest", str(run), "--html-dir", str(tmp_path / "file" / "sub"), "--no-progress"]) == 2
     assert "cannot write the report" in capsys.readouterr().out
+
+
+RECORDING = """groups:
+- name: r
+  rules:
+  - record: x:avg10m
+    expr: avg_over_time(verl_x[10m])
+"""
+ALERTS = """groups:
+- name: a
+  rules:
+  - alert: XHighForAWhile
+    expr: x:avg10m > 1
+    for: 5m
+    labels: {severity: warning}
+  - alert: XVeryHigh
+    expr: verl_x > 2.5
+    labels: {severity: critical}
+  - alert: XDroppedRecently
+    expr: verl_x < (verl_x offset 15m) - 1
+    for: 2m
+    labels: {severity: warning}
+"""
+
+
+def _wavy_samples(minutes: int) -> rp.Samples:
+    """One series that rises, drops, flaps and has a gap, so alerts start and stop on and across chunk edges."""
+    values: list[float | None] = []
+    for m in range(minutes):
+        if 300 <= m < 312:
+            values.append(None)
+        elif 100 <= m < 250:
+            values.append(3.0)
+        else:
+            values.append(2.0 if (m // 23) % 2 else 0.0 + (m % 7) / 10)
+    key = ("verl_x", (("job", "verl"), ("instance", "i:1"), ("run", "r"), ("rank", "0")))
+    return rp.Samples(60.0, {key: values})
+
+
+@pytest.mark.integration
+def test_a_long_run_is_evaluated_in_bounded_chunks_with_the_same_result(tmp_path, monkeypatch):
+    require_tool("promtool")
+    (tmp_path / "verl-recording.yaml").write_text(RECORDING)
+    (tmp_path / "verl-alerts.yaml").write_text(ALERTS)
+    warm = rp.warmup_minutes([RECORDING, ALERTS])
+    assert warm >= 2 * (10 + 15) + 5 + 5  # windows and offsets twice, the longest for:, the 5-minute lookback
+    samples = _wavy_samples(480)
+    whole_minutes: dict[str, int] = {}
+    whole = rp.evaluate(samples, tmp_path, minutes_firing=whole_minutes)
+    assert {f.alert for f in whole} == {"XHighForAWhile", "XVeryHigh", "XDroppedRecently"}
+
+    sizes = []
+    real_run = subprocess.run
+
+    def promtool(cmd, **kwargs):
+        doc = json.loads(Path(cmd[-1]).read_text())
+        sizes.append(max(len(s["values"].split()) for s in doc["tests"][0]["input_series"]))
+        return real_run(cmd, **kwargs)
+
+    monkeypatch.setattr(rp.subprocess, "run", promtool)
+    chunked_minutes: dict[str, int] = {}
+    chunked = rp.evaluate(samples, tmp_path, minutes_firing=chunked_minutes, chunk_minutes=60)
+    assert len(sizes) == 8  # 480 minutes in chunks of 60, each run with its warm-up only
+    assert sorted(chunked, key=lambda f: (f.minute, f.alert)) == sorted(whole, key=lambda f: (f.minute, f.alert))
+    assert chunked_minutes == whole_minutes
+
+
+def test_step_at_is_the_latest_step_logged_by_that_minute():
+    samples = rp.Samples(60.0, step_end_s=[(1, 30.0), (2, 60.0), (3, 150.0), (7, 400.0)])
+    assert [rp.step_at(samples, m) for m in range(9)] == [None, 2, 2, 3, 3, 3, 3, 7, 7]
+
+
+def test_a_long_log_is_read_to_its_last_steps_in_bounded_memory(tmp_path):
+    path = tmp_path / "long.jsonl"
+    rp.write_jsonl(({"step": i, "data": {"critic/score/mean": 0.5}} for i in range(1, 1001)), path)
+    lines, total = rp.read_run(path, max_steps=100)
+    assert total == 1000 and [ln["step"] for ln in lines] == list(range(901, 1001))
+    assert rp.too_long(path, lines, total).startswith(f"{path}: 1,000 steps, more than --max-steps 100: judging "
+                                                      "the last 100 (steps 901..1000)")
+    lines, total = rp.read_run(path, max_steps=0)
+    assert len(lines) == total == 1000 and rp.too_long(path, lines, total) is None
+
+
+def test_backtest_of_a_run_over_max_steps_warns_and_judges_the_last_steps(tmp_path, capsys):
+    require_tool("promtool")
+    run = tmp_path / "long.jsonl"
+    rp.write_jsonl(rp.simulate("ppo", steps=60), run)
+    assert main(["backtest", str(run), "--max-steps", "40", "--html-dir", "", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "60 steps, more than --max-steps 40: judging the last 40 (steps 21..60)" in err, err
+    assert f"{run}: 40 steps" in out, out

@@ -9,7 +9,7 @@ import os
 import sys
 
 from . import __version__
-from .core.shutdown import stop_event
+from .core.shutdown import GRACE_S, exit_on_signal, stop_event
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--html-dir", default=".", help="where <run>.backtest.html is written ('' for none)")
     bt.add_argument("--rules", metavar="DIR", help="rule files to judge (default: generated from the spec)")
     bt.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _max_steps_flag(bt)
     _overrides_flag(bt)
 
     cal = sub.add_parser("calibrate", help="propose an overrides file that keeps your healthy runs silent")
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--no-verify", action="store_true",
                      help="do not evaluate the proposal's rules over the runs (needs no promtool)")
     cal.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _max_steps_flag(cal)
     _overrides_flag(cal)
 
     sch = sub.add_parser("schema", help="print the JSON Schema of a file verl-exporter reads")
@@ -160,6 +162,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="; ".join(f"{kind}: {what}" for kind, (what, _) in SCHEMAS.items()))
     sch.add_argument("--spec", metavar="FILE", help="the spec whose alerts and knobs it names (default packaged)")
     return parser
+
+
+def _max_steps_flag(p: argparse.ArgumentParser) -> None:
+    from .tools.replay import MAX_STEPS
+
+    p.add_argument("--max-steps", type=_count, default=MAX_STEPS, metavar="N",
+                   help=f"judge at most the last N steps of a run, with a warning (default {MAX_STEPS:,}; 0: all, "
+                        "in time and memory that grow with the steps)")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
 
 
 def cmd_serve(args) -> int:
@@ -172,7 +192,7 @@ def cmd_serve(args) -> int:
     toggles = {k.split("__", 1)[1]: flags.pop(k) for k in list(flags) if k.startswith("collector__")}
     if any(v is not None for v in toggles.values()):
         flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
-    done = stop_event()
+    done = stop_event(grace=GRACE_S)
     try:
         # the file alone is checked (with its lines) by read_config_file: what fails here came with the flags
         config = build_config(read_config_file(args.config), flags,
@@ -368,11 +388,18 @@ def cmd_node(args) -> int:
 def cmd_backtest(args) -> int:
     from .tools.backtest import run_backtest
 
-    return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
-                        rules_dir=args.rules, progress=not args.no_progress, overrides=args.overrides)
+    with exit_on_signal():
+        return run_backtest(args.runs, step_seconds=args.step_seconds, html_dir=args.html_dir or None,
+                            rules_dir=args.rules, progress=not args.no_progress, overrides=args.overrides,
+                            max_steps=args.max_steps)
 
 
 def cmd_calibrate(args) -> int:
+    with exit_on_signal():
+        return _calibrate(args)
+
+
+def _calibrate(args) -> int:
     import shutil
     from pathlib import Path
 
@@ -401,7 +428,7 @@ def cmd_calibrate(args) -> int:
             base = load_overrides(base_path)
         progress = None if args.no_progress else (lambda name: _progress(name))
         result, runs = cb.calibrate(args.runs, spec, base, margin=args.margin, step_seconds=args.step_seconds,
-                                    progress=progress)
+                                    progress=progress, max_steps=args.max_steps)
     except OverridesError as e:
         print(f"verl-exporter: {e}", file=sys.stderr)
         return 2

@@ -38,9 +38,27 @@ class FileError(ValueError):
         super().__init__(f"{origin}: {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
 
 
+# Caps on what a file may make the loader do: our files are a few hundred KB at most (the spec ~160 KB) and
+# nested 10 deep. The size is checked before parsing (1 MiB of the worst YAML takes ~4 s and ~350 MB), the
+# depth in the one walk of the node tree, before any document is built.
+MAX_YAML_BYTES = 1024 * 1024
+MAX_YAML_DEPTH = 32
+
+
 class YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """YAML 1.2 floats: 3e9 and 1E-3 are numbers (PyYAML's YAML 1.1 reads them as strings). libyaml's parser
-    where PyYAML has it: the pure-Python one took 1.5 s of the spec's 1.7 s load."""
+    where PyYAML has it: the pure-Python one took 1.5 s of the spec's 1.7 s load. A value the constructor
+    cannot build (a date with month 13, an int of 5,000 digits, ``!!float nope``) is a YAML error at its line
+    instead of whatever Python exception the constructor would raise."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except Exception as e:  # any failure to build a value is a problem of the file
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read this value: {e}",
+                                                    node.start_mark) from None
 
 
 YamlLoader.add_implicit_resolver(
@@ -48,67 +66,132 @@ YamlLoader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
-def key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """{key path: 1-based line} of every mapping key and sequence item in a composed YAML node tree."""
-    out = {} if out is None else out
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = k.value
-            out[(*path, key)] = k.start_mark.line + 1
-            key_lines(v, (*path, key), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out[(*path, i)] = v.start_mark.line + 1
-            key_lines(v, (*path, i), out)
-    return out
+class _Refused(Exception):
+    """A node tree the loader will not use; ``line`` is where (1-based)."""
+
+    def __init__(self, line: int, text: str):
+        self.line, self.text = line, text
 
 
-def duplicate_keys(node, origin: str, path: tuple = ()) -> list[str]:
-    """A key given twice in one mapping, as problems: YAML keeps the last silently, so the first is lost
-    without a word (a spec entry's second `inhibits:` once dropped the first's inhibit this way)."""
-    out: list[str] = []
-    if isinstance(node, yaml.MappingNode):
-        first: dict[str, int] = {}
-        for k, v in node.value:
-            key, line = k.value, k.start_mark.line + 1
-            if isinstance(k, yaml.ScalarNode) and key != "<<":
-                if key in first:
-                    where_ = ".".join(map(str, (*path, key)))
-                    out.append(f"{origin}:{line}: {where_}: duplicate key (first at line {first[key]}); "
-                               "YAML would keep only this one")
-                first.setdefault(key, line)
-            out += duplicate_keys(v, origin, (*path, key))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out += duplicate_keys(v, origin, (*path, i))
-    return out
+def _walk(root, origin: str) -> tuple[dict[tuple, int], list[str]]:
+    """({key path: 1-based line} of every mapping key and sequence item, duplicate-key problems) of a composed
+    node tree, in file order, each node visited once. A node met twice is an alias, refused: walking through
+    aliases is how 600 bytes of nine nested aliased lists became 9^9 visits and 24 GB. A key given twice in one
+    mapping is a problem: YAML keeps the last silently, so the first is lost without a word (a spec entry's
+    second `inhibits:` once dropped the first's inhibit this way)."""
+    lines: dict[tuple, int] = {}
+    duplicates: list[str] = []
+    seen: set[int] = set()
+    stack = [(root, (), 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if id(node) in seen:
+            raise _Refused(node.start_mark.line + 1, "alias")
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            continue
+        if depth > MAX_YAML_DEPTH:
+            raise _Refused(node.start_mark.line + 1, f"nested deeper than {MAX_YAML_DEPTH} levels")
+        children = []
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for k, v in node.value:
+                line = k.start_mark.line + 1
+                if not isinstance(k, yaml.ScalarNode):  # a list or mapping as a key: the constructor refuses it
+                    children.append((k, (*path, "[key]"), depth + 1))
+                    key = "[key]"
+                else:
+                    if id(k) in seen:
+                        raise _Refused(line, "alias")
+                    seen.add(id(k))
+                    key = k.value
+                    lines[(*path, key)] = line
+                    if key != "<<":
+                        if key in first:
+                            where_ = ".".join(map(str, (*path, key)))
+                            duplicates.append(f"{origin}:{line}: {where_}: duplicate key (first at line "
+                                              f"{first[key]}); YAML would keep only this one")
+                        first.setdefault(key, line)
+                children.append((v, (*path, key), depth + 1))
+        else:
+            for i, v in enumerate(node.value):
+                lines[(*path, i)] = v.start_mark.line + 1
+                children.append((v, (*path, i), depth + 1))
+        stack.extend(reversed(children))
+    return lines, duplicates
+
+
+def _alias_problem(text: str, origin: str) -> str:
+    """The first alias of the text, as a problem naming its line and its anchor's (a pass over the events, which
+    do not expand aliases)."""
+    anchors: dict[str, int] = {}
+    for event in yaml.parse(text, Loader=YamlLoader):
+        if isinstance(event, yaml.AliasEvent):
+            name = event.anchor
+            return (f"{origin}:{event.start_mark.line + 1}: alias *{name} of the anchor &{name} at line "
+                    f"{anchors.get(name, '?')}: anchors and aliases are not accepted in this file (a few hundred "
+                    "bytes of nested aliases expand to billions of values); write the value out")
+        if getattr(event, "anchor", None):
+            anchors.setdefault(event.anchor, event.start_mark.line + 1)
+    return f"{origin}: anchors and aliases are not accepted in this file; write the value out"
+
+
+def _syntax_problem(e: yaml.YAMLError, origin: str, text: str) -> str:
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow, e.g. a control character
+        code = ord(e.character) if isinstance(e.character, str) else e.character
+        # libyaml counts bytes of the UTF-8 text, the pure-Python reader characters
+        before = text.encode("utf-8", "replace")[:e.position] if hasattr(yaml, "CSafeLoader") else text[:e.position]
+        line = before.count(b"\n" if isinstance(before, bytes) else "\n") + 1
+        return f"{origin}:{line}: not valid YAML: character U+{code:04X}: {e.reason}"
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    if not isinstance(e, yaml.MarkedYAMLError) or mark is None:
+        return f"{origin}: not valid YAML: {e}"
+    what = " ".join(x for x in (e.context, e.problem) if x)
+    return f"{origin}:{mark.line + 1}: not valid YAML: {what}"
+
+
+def _too_large(origin: str) -> str:
+    return f"{origin}: larger than the {MAX_YAML_BYTES // 1024**2} MiB a YAML file may have here"
 
 
 def parse_yaml(text: str, origin: str, error: type[FileError] = FileError) -> tuple[Any, dict[tuple, int]]:
-    """(document, key lines) of YAML text; a syntax error, or a key given twice in one mapping, is a problem
-    of ``error``. The text is parsed once: the document is built from the same node tree the lines come
-    from."""
+    """(document, key lines) of YAML text, the one way the pack reads YAML. A problem of ``error``: a syntax
+    error; a key given twice in one mapping; an alias; nesting deeper than MAX_YAML_DEPTH; text over
+    MAX_YAML_BYTES; a value that cannot be built. The text is parsed once: the document is built from the same
+    node tree the lines come from, after the walk has refused what it must."""
+    if len(text) > MAX_YAML_BYTES:
+        raise error([_too_large(origin)], origin)
     loader = YamlLoader(text)
     try:
         node = loader.get_single_node()
-        duplicates = duplicate_keys(node, origin) if node is not None else []
+        if node is None:
+            return None, {}
+        lines, duplicates = _walk(node, origin)
         if duplicates:
             raise error(duplicates, origin)
-        doc = loader.construct_document(node) if node is not None else None
+        return loader.construct_document(node), lines
+    except _Refused as r:
+        raise error([_alias_problem(text, origin) if r.text == "alias" else f"{origin}:{r.line}: {r.text}"],
+                    origin) from None
     except yaml.YAMLError as e:
-        raise error([f"not valid YAML: {e}"], origin) from None
+        raise error([_syntax_problem(e, origin, text)], origin) from None
     finally:
         loader.dispose()
-    return doc, (key_lines(node) if node is not None else {})
 
 
 def read_yaml(path: str | Path, error: type[FileError] = FileError) -> tuple[Any, dict[tuple, int]]:
-    """(document, key lines) of a YAML file; an unreadable file is one problem of ``error``."""
+    """(document, key lines) of a YAML file; an unreadable file, or one over MAX_YAML_BYTES (read no further
+    than that: /dev/zero is refused, not read), is one problem of ``error``."""
     origin = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as e:
         raise error([f"cannot read it: {e.strerror}"], origin) from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise error([_too_large(origin)], origin)
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error([f"not UTF-8 text (byte {e.start})"], origin) from None
     return parse_yaml(text, origin, error)
@@ -120,7 +203,7 @@ def where(origin: str, lines: dict[tuple, int], path: tuple) -> str:
         line = lines.get(tuple(path[:n]))
         if line is not None:
             return f"{origin}:{line}"
-    return origin
+    return str(origin)  # a Path given as the origin (read_config_file(Path(...))) is still text
 
 
 _UNION_BRANCH = re.compile(r"^(function-|constrained-str|literal\[|dict\[|list\[|str$|int$|float$|bool$|none$)")

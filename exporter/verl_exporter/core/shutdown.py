@@ -3,26 +3,94 @@
 SIGINT and SIGTERM set an event that the main thread waits on; the command then stops its parts in order
 (Kubernetes sends SIGTERM, a terminal Ctrl-C). Install it before anything starts, so that a signal that
 arrives early still stops cleanly instead of killing the process half-started.
+
+A command that opts in with ``grace`` stays responsive even when its main thread is busy and cannot get to
+its wait (a file that takes long to load, a stop that hangs): a second signal exits at once, a command still
+starting BUSY_S after the signal exits then, and one that has not stopped ``grace`` seconds after it exits
+then (below Kubernetes' 30 s before SIGKILL). serve and relay survive kill -9 by design (the follower's
+offsets, the relay's journal), so an exit that skips the orderly stop loses nothing they keep.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_S = 20.0  # for an orderly stop, from the signal on
+BUSY_S = 2.0  # for the main thread to come to its wait, once signalled
 
 
-def stop_event(event: threading.Event | None = None) -> threading.Event:
-    """The event (a new one when none is given), set from now on by SIGINT or SIGTERM. Main thread only."""
+class StopEvent(threading.Event):
+    """The stop event; knows whether the main thread has come to wait on it (its start is over)."""
+
+    waited = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited = True
+        return super().wait(timeout)
+
+
+def stop_event(event: threading.Event | None = None, grace: float | None = None) -> threading.Event:
+    """The event (a new StopEvent when none is given), set from now on by SIGINT or SIGTERM. Main thread only.
+    With grace (the commands pass it; code in a process it does not own must not): a second signal exits at
+    once, and a watchdog exits if the command is still busy starting BUSY_S after the signal, or has not
+    stopped grace seconds after it."""
     if event is None:
-        event = threading.Event()
+        event = StopEvent()
+
+    def handler(signum, _frame):
+        if grace is not None and event.is_set():
+            _exit(signum, "a second signal")
+        event.set()
+        if grace is not None:
+            threading.Thread(target=_watchdog, args=(event, signum, grace), name="verl-exporter-stop-watchdog",
+                             daemon=True).start()
+
     for sig in SIGNALS:
-        signal.signal(sig, lambda *_: event.set())
+        signal.signal(sig, handler)
     return event
+
+
+def _watchdog(event: threading.Event, signum: int, grace: float) -> None:
+    time.sleep(min(BUSY_S, grace))
+    if isinstance(event, StopEvent) and not event.waited:
+        _exit(signum, f"still busy starting {BUSY_S:g} s after the signal")
+    time.sleep(max(0.0, grace - BUSY_S))
+    _exit(signum, f"not stopped {grace:g} s after the signal")
+
+
+def _exit(signum: int, why: str) -> None:
+    """Exit now, as a process killed by the signal would report (128 + N)."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.write(f"verl-exporter: exiting without an orderly stop: {why}\n")
+        sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def exit_on_signal() -> Iterator[None]:
+    """For a one-shot command (backtest, calibrate), for the length of a block: SIGINT and SIGTERM raise
+    SystemExit at once, so that the command stops promptly and its clean-up still runs (a promtool child is
+    killed, temporary folders go); the previous handlers are restored after it."""
+    def handler(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig in SIGNALS:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ def _flags(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..core.httpserver import ListenError, parse_listen
-    from ..core.shutdown import stop_event
+    from ..core.shutdown import GRACE_S, stop_event
     from .app import Relay
     from .config import RelayConfigError, load_config
     from .journal import SpoolError, check_spool_dir, spool_in_use
@@ -71,7 +71,8 @@ def run(args) -> int:
             print(f"route {i}: {cond} -> {list(r.targets) or 'nowhere'}{' (continue)' if r.continue_ else ''}")
         print("config ok")
         return 0
-    done = stop_event()  # before the start: an early SIGTERM still stops cleanly
+    # before the start: an early SIGTERM still stops cleanly; the grace leaves the drain its time
+    done = stop_event(grace=config.delivery.drain_seconds + GRACE_S)
     relay = Relay(config, listen=args.listen)
     try:
         relay.start()

@@ -26,6 +26,7 @@ RANK0_ONLY = {"--verl-log": True, "--checkpoint-dir": True, "--checkpoint-verify
               "--control-token-env": True, "--control-token-file": True, "--control-file": True,
               "--control-file-mode": True}
 MAX_BACKOFF_S = 60.0
+SHUTDOWN_S = 30.0  # from SIGTERM to exit: the children are signalled at once and waited for
 HEALTHY_RUN_S = 300.0  # a child that ran this long was healthy: its next crash restarts after the first pause
 
 
@@ -145,5 +146,5 @@ def run(args) -> int:
         return 2
     common, rank0 = split_rank0_only(passthrough)
     sup = Supervisor([child_argv(i, offset, host, port, common, rank0) for i in range(args.ranks)])
-    stop_event(sup.stopping)
+    stop_event(sup.stopping, grace=SHUTDOWN_S)  # the children get SIGTERM and up to 10 s each
     return sup.run()

@@ -151,9 +151,10 @@ def effect(default_events: list[dict], events: list[dict]) -> str:
 
 def run_backtest(paths: list[str], step_seconds: float | None = None, html_dir: str | None = ".",
                  rules_dir: str | None = None, out=print, progress: bool = True,
-                 overrides: str | None = None) -> int:
+                 overrides: str | None = None, max_steps: int | None = rp.MAX_STEPS) -> int:
     """overrides: an overrides file (None: $VERL_EXPORTER_OVERRIDES or ./verl-exporter.yaml if present, '' for
-    none); the runs are judged with it, and each run's line says what it changed against the defaults."""
+    none); the runs are judged with it, and each run's line says what it changed against the defaults. A run
+    longer than max_steps (0 or None: no limit) is judged on its last max_steps steps, with a warning."""
     from ..spec.overrides import OverridesError, apply_overrides, load_overrides, resolve_path
 
     default = load_spec()
@@ -175,11 +176,14 @@ def run_backtest(paths: list[str], step_seconds: float | None = None, html_dir: 
         status = 0
         for path in paths:
             try:
-                lines = rp.read_jsonl(path)
+                lines, total = rp.read_run(path, max_steps=max_steps)
             except (OSError, rp.NotAVerlLog) as e:
                 out(f"verl-exporter backtest: {e}")
                 status = 2
                 continue
+            warning = rp.too_long(path, lines, total)
+            if warning:
+                print(f"verl-exporter backtest: warning: {warning}", file=sys.stderr)
             started = time.monotonic()
             samples = rp.replay(lines, spec, run=Path(path).stem, period_s=step_seconds,
                                 progress=_progress(Path(path).name) if progress else None)

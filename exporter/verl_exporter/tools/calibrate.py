@@ -17,6 +17,7 @@ alert that still fires is named with the reason calibrate could not silence it.
 from __future__ import annotations
 
 import math
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -346,12 +347,17 @@ class Calibration:
 
 
 def calibrate(paths: list[str], spec: Spec, base: LoadedOverrides | None = None, margin: float = MARGIN,
-              step_seconds: float | None = None, progress=None) -> tuple[Calibration, list[Run]]:
-    """Replay the runs with the spec (and base overrides) and propose knobs; nothing is evaluated yet."""
+              step_seconds: float | None = None, progress=None,
+              max_steps: int | None = rp.MAX_STEPS) -> tuple[Calibration, list[Run]]:
+    """Replay the runs with the spec (and base overrides) and propose knobs; nothing is evaluated yet. A run
+    longer than max_steps (0 or None: no limit) is calibrated on its last max_steps steps, with a warning."""
     eff = apply_overrides(spec, base) if base else spec
     runs = []
     for path in paths:
-        lines = rp.read_jsonl(path)
+        lines, total = rp.read_run(path, max_steps=max_steps)
+        warning = rp.too_long(path, lines, total)
+        if warning:
+            print(f"verl-exporter calibrate: warning: {warning}", file=sys.stderr)
         name = Path(path).name
         samples = rp.replay(lines, eff, run=Path(path).stem, period_s=step_seconds,
                             progress=progress(name) if progress else None)

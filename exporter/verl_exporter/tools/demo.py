@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..core.httpserver import ListenError
-from ..core.shutdown import stop_event
+from ..core.shutdown import GRACE_S, stop_event
 from ..sidecar.config import ServeConfig
 from ..sidecar.sidecar import Sidecar
 from .replay import Fault, simulate
@@ -62,7 +62,7 @@ Try, in another terminal:
 The run has an injected fault: the actor's gradient norm explodes, then is NaN (null in verl's log) at
 steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_values_total count them.
 """)
-    done = stop_event()
+    done = stop_event(grace=GRACE_S)
     interval = 1.0 / rate
     with open(log_path, "wb", buffering=0) as f:  # like verl's FileLogger
         for line in lines:

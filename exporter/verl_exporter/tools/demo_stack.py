@@ -237,7 +237,9 @@ def median_step_seconds(lines: list[dict], spec=None) -> float:
 
 
 def _yaml_load(text: str):
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: 10x faster
+    from ..core.models import parse_yaml
+
+    return parse_yaml(text, "generated rules")[0]  # the one loader (libyaml, no aliases, caps)
 
 
 # ---------------------------------------------------------------------------------------- the demo

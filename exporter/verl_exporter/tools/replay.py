@@ -16,6 +16,9 @@ The demo, the scenario tests, ``verl-exporter backtest`` and the benchmarks all 
 
 from __future__ import annotations
 
+import bisect
+import collections
+import dataclasses
 import gzip
 import json
 import math
@@ -279,12 +282,24 @@ class NotAVerlLog(ValueError):
 
 
 
+# The most steps of one run a backtest or calibration judges by default: the last ones are kept, with a
+# warning. A million-step log held whole took gigabytes and hours; 100,000 steps (~1 GB, linear time) judge
+# months of training.
+MAX_STEPS = 100_000
+
+
 def read_jsonl(path: str | Path, probe: int = 50) -> list[dict]:
     """The lines of a verl run: file-logger JSONL (optionally .gz), or else verl's console output
     (``step:N - key:value``, read by ``sources.console``: Ray prefixes, one key per line, notebooks, cut lines).
     Raises NotAVerlLog when neither is found, or when a console log holds several runs."""
-    lines: list[dict] = []
-    bad = 0
+    return read_run(path, probe)[0]
+
+
+def read_run(path: str | Path, probe: int = 50, max_steps: int | None = None) -> tuple[list[dict], int]:
+    """(lines, how many the run has) as read_jsonl, keeping only the last max_steps lines (None or 0: all); the
+    lines before them are parsed and dropped as the file is read, so memory stays bounded."""
+    kept: collections.deque[dict] = collections.deque(maxlen=max_steps or None)
+    total = bad = 0
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rb") as f:
         for n, raw in enumerate(f, 1):
@@ -295,20 +310,31 @@ def read_jsonl(path: str | Path, probe: int = 50) -> list[dict]:
             except ValueError:
                 obj = None
             if isinstance(obj, dict) and isinstance(obj.get("data"), dict) and isinstance(obj.get("step"), int):
-                lines.append(obj)
+                kept.append(obj)
+                total += 1
                 continue
             bad += 1
-            if not lines and n >= probe:
+            if not total and n >= probe:
                 break
-    if lines:
-        return lines
+    if total:
+        return list(kept), total
     try:
         records = console.convert(console.read_text(str(path)))
     except console.ConsoleLogError as e:
         raise NotAVerlLog(f"{path}: not a verl log: no line is {{\"step\": N, \"data\": {{...}}}} (the file logger) "
                           f"and as a console log: {e} ({bad} other lines); enable the file logger with "
                           "trainer.logger='[\"console\",\"file\"]'") from None
-    return [{"step": step, "data": data} for step, data in records]
+    lines = [{"step": step, "data": data} for step, data in records]
+    return (lines[-max_steps:] if max_steps else lines), len(lines)
+
+
+def too_long(path: str | Path, lines: list[dict], total: int) -> str | None:
+    """The warning for a run cut to its last steps by read_run, or None when it was read whole."""
+    if len(lines) == total:
+        return None
+    return (f"{path}: {total:,} steps, more than --max-steps {len(lines):,}: judging the last {len(lines):,} "
+            f"(steps {lines[0]['step']}..{lines[-1]['step']}); --max-steps 0 judges them all, in time and memory "
+            "that grow with the steps")
 
 
 @dataclass
@@ -443,11 +469,37 @@ def _labels_text(name: str, labels: tuple[tuple[str, str], ...]) -> str:
     return f"{name}{{{inner}}}"
 
 
+# A long run is evaluated in chunks of this many minutes (7 days), each after a warm-up long enough for every
+# rule's windows, offsets and `for:` (see warmup_minutes), so promtool's time grows linearly with the run and
+# its memory stays bounded; a run that fits one chunk is evaluated in one promtool call, as before.
+CHUNK_MINUTES = 7 * 24 * 60
+_DURATION = r"(\d+(?:ms|[smhdwy]))+"
+
+
+def warmup_minutes(rule_texts: Iterable[str]) -> int:
+    """Minutes of samples before a minute that decide every rule's state at it: twice the longest window plus
+    offset (a recording rule's window feeding an alert's), the longest `for:`, and Prometheus' 5-minute
+    lookback with room to spare."""
+    def longest(pattern: str, text: str) -> int:
+        found = [duration_seconds(m.group(1)) for m in re.finditer(pattern, text)]
+        return max(found, default=0) // 60 + 1
+
+    window = offset = hold = 0
+    for text in rule_texts:
+        window = max(window, longest(r"\[(" + _DURATION + r")(?::[^\]]*)?\]", text),
+                     longest(r"\[[^\]:]*:(" + _DURATION + r")\]", text))
+        offset = max(offset, longest(r"offset\s+(" + _DURATION + ")", text))
+        hold = max(hold, longest(r"(?:for|keep_firing_for):\s*['\"]?(" + _DURATION + ")", text))
+    return 2 * (window + offset) + hold + 10
+
+
 def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = None,
-             minutes_firing: dict[str, int] | None = None) -> list[Firing]:
+             minutes_firing: dict[str, int] | None = None, chunk_minutes: int = CHUNK_MINUTES) -> list[Firing]:
     """Every alert start (minute by minute) of the generated rules over the samples, with its value; when
-    minutes_firing is given, it is filled with the minutes each alert (any of its label sets) fired."""
-    import yaml
+    minutes_firing is given, it is filled with the minutes each alert (any of its label sets) fired. A run
+    longer than chunk_minutes (plus the warm-up) is evaluated chunk by chunk: each chunk replays the warm-up
+    before it and keeps only what starts inside it."""
+    from ..core.models import read_yaml
 
     promtool = promtool or shutil.which("promtool")
     if promtool is None:
@@ -456,49 +508,75 @@ def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = Non
         raise ValueError("evaluate() reads one sample a minute (scrape_s=60)")
     rules_dir = Path(rules_dir).resolve()
     # The alerting rules as the files hold them (not the spec): a backtest judges the rules it is given.
-    rules = [r for g in yaml.safe_load((rules_dir / "verl-alerts.yaml").read_text())["groups"]
-             for r in g["rules"] if "alert" in r]
+    recording_groups = read_yaml(rules_dir / "verl-recording.yaml")[0]["groups"]
+    alert_groups = read_yaml(rules_dir / "verl-alerts.yaml")[0]["groups"]
+    rules = [r for g in alert_groups for r in g["rules"] if "alert" in r]
+    # promtool runs the groups of one minute in a random order unless told: recordings first, as written, so
+    # that an alert reads this minute's recordings and a backtest gives the same answer every time
+    order = [g["name"] for g in recording_groups + alert_groups] + ["backtest"]
     severity = {r["alert"]: r.get("labels", {}).get("severity", "") for r in rules}
     rule_labels = sorted({k for r in rules for k in r.get("labels", {})} | {"alertstate"})
     minutes = samples.length
+    warm = warmup_minutes((rules_dir / name).read_text(encoding="utf-8")
+                          for name in ("verl-recording.yaml", "verl-alerts.yaml"))
+    out: list[Firing] = []
     with tempfile.TemporaryDirectory(prefix="verl-exporter-eval-") as tmp:
         # The value of each alert's expression, recorded beside it (the alert itself only says "firing").
         values_rules = [{"record": "backtest:alert_value",
                          "expr": f'label_replace({r["expr"]}, "alertname", "{r["alert"]}", "", "")'} for r in rules]
         values_file = Path(tmp) / "values.yaml"
         values_file.write_text(json.dumps({"groups": [{"name": "backtest", "rules": values_rules}]}))
+        rule_files = [str(rules_dir / "verl-recording.yaml"), str(rules_dir / "verl-alerts.yaml"), str(values_file)]
         starts = (f'backtest:alert_value and ignoring({", ".join(rule_labels)}) '
                   '(ALERTS{alertstate="firing"} unless ALERTS{alertstate="firing"} offset 1m)')
-        doc = {
-            "rule_files": [str(rules_dir / "verl-recording.yaml"), str(rules_dir / "verl-alerts.yaml"),
-                           str(values_file)],
-            "evaluation_interval": "1m",
-            "tests": [{
-                "interval": "1m",
-                "input_series": [{"series": _labels_text(n, lab),
-                                  "values": series_text(v + [None] * (minutes - len(v)))}
-                                 for (n, lab), v in samples.series.items()],
-                "promql_expr_test": [{"expr": starts, "eval_time": f"{m}m", "exp_samples": []}
-                                     for m in range(1, minutes)] + [
-                    {"expr": f'sum by (alertname) (count_over_time(ALERTS{{alertstate="firing"}}[{minutes}m]))',
-                     "eval_time": f"{minutes - 1}m", "exp_samples": []}],
-            }],
-        }
-        path = Path(tmp) / "backtest-test.yaml"
-        path.write_text(json.dumps(doc))
-        proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+        bounds = [(0, minutes)] if minutes <= chunk_minutes + warm else \
+            [(c, min(minutes, c + chunk_minutes)) for c in range(0, minutes, chunk_minutes)]
+        for first, end in bounds:
+            lo = max(0, first - warm)
+            series = {key: v[lo:end] for key, v in samples.series.items()}
+            fired = _evaluate_chunk(series, end - lo, first - lo, rule_files, order, starts, severity, promtool,
+                                    Path(tmp) / "backtest-test.yaml", minutes_firing)
+            out += [dataclasses.replace(f, minute=f.minute + lo) for f in fired]
+    return out
+
+
+def _evaluate_chunk(series: dict, minutes: int, first: int, rule_files: list[str], order: list[str], starts: str,
+                    severity: dict[str, str], promtool: str, path: Path,
+                    minutes_firing: dict[str, int] | None) -> list[Firing]:
+    """The alert starts at minutes first..minutes-1 of one promtool run over minutes 0..minutes-1 (the
+    minutes before first are the warm-up); minutes_firing gets the firing minutes from first on added."""
+    doc = {
+        "rule_files": rule_files,
+        "evaluation_interval": "1m",
+        "group_eval_order": order,
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": _labels_text(n, lab),
+                              "values": series_text(v + [None] * (minutes - len(v)))}
+                             for (n, lab), v in series.items()],
+            "promql_expr_test": [{"expr": starts, "eval_time": f"{m}m", "exp_samples": []}
+                                 for m in range(max(1, first), minutes)] + [
+                # a range holds both its ends: a second short of the chunk's minutes counts them alone
+                {"expr": f'sum by (alertname) (count_over_time(ALERTS{{alertstate="firing"}}'
+                         f'[{(minutes - first) * 60 - 1}s]))',
+                 "eval_time": f"{minutes - 1}m", "exp_samples": []}],
+        }],
+    }
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
     out: list[Firing] = []
-    minute, counting = 0, False
+    minute, counting, answered = 0, False, False
     for line in (proc.stdout + proc.stderr).splitlines():
         m = re.match(r'\s*expr: .*, time: ([0-9hms.]+),?\s*$', line)
         if m:
+            answered = True
             minute = int(duration_seconds(m.group(1).replace(".", "")) // 60)
             counting = "count_over_time" in line
             continue
         if counting:
             for alert, count in re.findall(r'alertname="(\w+)"\} ([^\s,\]]+)', line):
                 if minutes_firing is not None:
-                    minutes_firing[alert] = int(float(count))
+                    minutes_firing[alert] = minutes_firing.get(alert, 0) + int(float(count))
             continue
         m = re.match(r"\s*got: (.*)", line) or re.match(r"\s*(\{.*\}) (\S+)$", line)
         if m:
@@ -508,17 +586,13 @@ def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = Non
                 alert = d.get("alertname", "")
                 out.append(Firing(alert, severity.get(alert, ""), minute,
                                   tuple((k, v) for k, v in labels if k != "alertname"), float(value)))
-    if proc.returncode != 0 and not out:
+    if proc.returncode != 0 and not answered:  # promtool did not get as far as the queries
         raise RuntimeError(f"promtool failed: {(proc.stdout + proc.stderr)[-4000:]}")
     return out
 
 
 def step_at(samples: Samples, minute: int) -> int | None:
-    """The latest step logged by that minute (None before the first)."""
-    t = minute * 60.0
-    last = None
-    for step, end in samples.step_end_s:
-        if end > t:
-            break
-        last = step
-    return last
+    """The latest step logged by that minute (None before the first); a binary search, as a long run's
+    timeline asks it once per alert start."""
+    i = bisect.bisect_right(samples.step_end_s, minute * 60.0, key=lambda se: se[1])
+    return samples.step_end_s[i - 1][0] if i else None
