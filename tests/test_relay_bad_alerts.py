@@ -311,3 +311,18 @@ def test_a_webhook_that_fails_midway_leaves_nothing_pending_in_the_journal(tmp_p
     with pytest.raises(RuntimeError):
         dispatcher.submit("verl-critical", alerts)
     assert len(calls) == 3 and _journal_adds(tmp_path) == []
+
+
+def test_preview_refuses_a_payload_over_the_body_limit_without_reading_it_all(tmp_path):
+    # Before, --preview read any file whole (/dev/zero: memory without bound); the live relay answers 413.
+    config = tmp_path / "relay.yaml"
+    config.write_text(json.dumps({"max_body_bytes": 4096, "targets": {"dt": {"type": "dingtalk",
+                                                                           "token_env": "VERL_PREVIEW_UNSET"}},
+                                  "routes": [{"targets": ["dt"]}]}))
+    big = tmp_path / "big.json"
+    big.write_bytes(webhook([good_alert(i) for i in range(50)]))
+    assert big.stat().st_size > 4096
+    proc = subprocess.run([sys.executable, "-m", "verl_exporter", "relay", "--config", str(config),
+                           "--preview", str(big)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "larger than max_body_bytes (4096)" in proc.stderr

@@ -97,7 +97,7 @@ def _preview(args) -> int:
 
     from .config import RelayConfigError, load_config
     from .payload import PayloadError, parse_payload
-    from .preview import preview, read_payload
+    from .preview import PayloadTooLarge, preview, read_payload
 
     try:
         config = load_config(args.config, secrets_needed=False)  # nothing is sent: no secret is needed
@@ -105,9 +105,12 @@ def _preview(args) -> int:
         print(f"verl-exporter relay: {e}", file=sys.stderr)
         return 2
     try:
-        payload = parse_payload(read_payload(args.preview))
+        payload = parse_payload(read_payload(args.preview, config.max_body_bytes))
     except OSError as e:
         print(f"verl-exporter relay: cannot read {args.preview}: {e.strerror}", file=sys.stderr)
+        return 2
+    except PayloadTooLarge as e:
+        print(f"verl-exporter relay: {args.preview} is {e}", file=sys.stderr)
         return 2
     except PayloadError as e:
         problems = "\n  - ".join(e.problems[:10])

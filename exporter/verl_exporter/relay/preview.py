@@ -54,9 +54,18 @@ def preview(config: RelayConfig, payload: WebhookPayload, out: Callable[[str], N
     return 0
 
 
-def read_payload(path: str) -> bytes:
-    """The file's bytes ('-': standard input)."""
+def read_payload(path: str, limit: int) -> bytes:
+    """The file's bytes ('-': standard input), read no further than the relay's body limit: a payload the
+    live relay would refuse with 413 is refused here too, and /dev/zero cannot fill the memory."""
     if path == "-":
-        return sys.stdin.buffer.read()
-    with open(path, "rb") as f:
-        return f.read()
+        raw = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"larger than max_body_bytes ({limit}): the relay would answer 413")
+    return raw
+
+
+class PayloadTooLarge(ValueError):
+    """A --preview payload over the relay's max_body_bytes."""
