@@ -47,6 +47,18 @@ def require_tool(name: str) -> str:
     return path
 
 
+def post_json(url: str, data: bytes | None, headers: dict | None = None, method: str = "POST",
+              timeout: float = 5.0) -> tuple[int, dict]:
+    """(status, the JSON answer) of one request with a body, 4xx and 5xx included (the relay's webhook)."""
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
 def http_get(url: str, headers: dict | None = None, timeout: float = 5.0) -> tuple[int, dict, bytes]:
     req = urllib.request.Request(url, headers=headers or {})
     try:

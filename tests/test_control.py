@@ -309,11 +309,8 @@ def test_a_trainer_under_another_uid_reads_the_request_or_counts_why_not(mode, s
         shutil.rmtree(folder)
 
 
-def test_an_unreadable_control_file_is_counted_logged_and_retried(tmp_path, monkeypatch, caplog):
-    path = tmp_path / "control.json"
-    errors = []
-    reader = ControlReader(str(path), on_error=errors.append)
-    ControlState(str(path)).request("checkpoint", "x")
+def deny_opening(monkeypatch, path) -> None:
+    """os.open of path fails as for a file another user owns with mode 0600 (root is never denied)."""
     real_open = os.open
 
     def denied(p, *a, **k):
@@ -322,6 +319,14 @@ def test_an_unreadable_control_file_is_counted_logged_and_retried(tmp_path, monk
         return real_open(p, *a, **k)
 
     monkeypatch.setattr(os, "open", denied)
+
+
+def test_an_unreadable_control_file_is_counted_logged_and_retried(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "control.json"
+    errors = []
+    reader = ControlReader(str(path), on_error=errors.append)
+    ControlState(str(path)).request("checkpoint", "x")
+    deny_opening(monkeypatch, path)
     with caplog.at_level("WARNING", logger="verl_exporter"):
         reader.poll()
         reader.poll()
@@ -329,7 +334,7 @@ def test_an_unreadable_control_file_is_counted_logged_and_retried(tmp_path, monk
     logged = [r for r in caplog.records if "failed reads" in r.getMessage()]
     assert "permission denied" in errors[0] and len(logged) == 1  # logged once, counted each time
     assert not reader.take_checkpoint_request()
-    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.undo()
     reader.poll()  # the same, unchanged file: read again now that it can be
     assert reader.take_checkpoint_request()
 
@@ -424,14 +429,7 @@ def test_a_control_file_made_again_from_scratch_still_delivers(tmp_path):
 def test_a_reader_that_could_not_read_the_file_at_its_start_judges_old_requests_by_time(tmp_path, monkeypatch):
     path = tmp_path / "c.json"
     ControlState(str(path), clock=lambda: 100.0).request("stop", "run 1")
-    real_open = os.open
-
-    def denied(p, *a, **k):
-        if str(p) == str(path):
-            raise PermissionError(13, "Permission denied", str(p))
-        return real_open(p, *a, **k)
-
-    monkeypatch.setattr(os, "open", denied)
+    deny_opening(monkeypatch, path)
     reader = ControlReader(str(path), clock=lambda: 200.0)
     reader.poll()
     assert reader.read_failures == 1

@@ -27,6 +27,7 @@ from conftest import (
     free_port,
     http_get,
     parse_metrics,
+    post_json,
     ready,
     require_tool,
     sample,
@@ -94,16 +95,10 @@ def webhook(receiver: str, alerts: list[dict], status: str = "firing") -> dict:
 def post(relay, receiver: str, body, token: str | None = WEBHOOK, headers: dict | None = None,
          method: str = "POST") -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    hdrs = dict(headers or {})
     if token is not None:
         hdrs["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(f"{relay.url}/alert/{receiver}", data=data if method == "POST" else None,
-                                 headers=hdrs, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return post_json(f"{relay.url}/alert/{receiver}", data if method == "POST" else None, hdrs, method)
 
 
 def metrics(relay) -> dict:

@@ -11,12 +11,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from conftest import http_get, parse_metrics, sample, wait_for
+from conftest import http_get, parse_metrics, post_json, sample, wait_for
 from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.actions import Action, ActionRunner
 from verl_exporter.relay.app import Relay
@@ -66,13 +65,7 @@ def webhook(alerts: list[dict]) -> bytes:
 
 
 def post(relay: Relay, body: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{relay.url}/alert/verl-critical", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return post_json(f"{relay.url}/alert/verl-critical", body)
 
 
 def metrics(relay: Relay) -> dict:

@@ -13,13 +13,11 @@ import json
 import logging
 import re
 import string
-import urllib.error
-import urllib.request
 from collections import Counter
 from datetime import datetime
 
 import pytest
-from conftest import wait_for
+from conftest import post_json, wait_for
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from robots import FakeDingTalk
@@ -229,13 +227,7 @@ class _Tracebacks(logging.Handler):
 
 
 def _http_post(relay: Relay, body: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{relay.url}/alert/verl-warning", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return post_json(f"{relay.url}/alert/verl-warning", body, timeout=10)
 
 
 def _delivered(robot) -> Counter:
