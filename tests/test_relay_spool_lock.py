@@ -120,3 +120,41 @@ def test_the_lock_refuses_a_second_holder_in_one_process_and_is_free_after_relea
     again.acquire()
     again.release()
     assert spool_holder(tmp_path / "not-there") is None  # a spool_dir not yet made is free
+
+
+def test_a_relay_that_cannot_listen_frees_its_spool_dir_and_keeps_the_spooled_alerts(tmp_path):
+    # Before, the lock stayed held after a failed start: a retry in the same process was refused as a second relay.
+    import socket
+
+    from verl_exporter.core.httpserver import ListenError
+    from verl_exporter.relay.app import Relay
+    from verl_exporter.relay.config import parse_config
+    from verl_exporter.relay.journal import spool_holder
+
+    robot = FakeDingTalk(TOKEN, SECRET, window=60.0).start()
+    doc = {"spool_dir": str(tmp_path), "delivery": {"drain_seconds": 0.2},
+           "targets": {"dt": {"type": "dingtalk", "url": robot.url, "token_env": "DT_TOKEN",
+                              "secret_env": "DT_SECRET"}},
+           "routes": [{"targets": ["dt"]}]}
+    spooled = {"version": 1, "written_at": "2026-12-01T00:00:00+00:00", "alerts": [{
+        "target": "dt", "receiver": "verl-critical", "alert": {
+            "status": "firing", "labels": {"alertname": "VerlExporterDown", "severity": "critical", "run": "r"},
+            "annotations": {"summary": "down"}, "startsAt": "2026-12-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "", "fingerprint": "f1"}}]}
+    (tmp_path / "relay-spool-20261201T000000000000-1.json").write_text(json.dumps(spooled))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        with pytest.raises(ListenError):
+            Relay(parse_config(doc, environ=ENV), listen=f"127.0.0.1:{busy.getsockname()[1]}").start()
+        assert spool_holder(tmp_path) is None
+        relay = Relay(parse_config(doc, environ=ENV), listen="127.0.0.1:0").start()  # the retry may have it
+        try:
+            wait_for(lambda: robot.messages, timeout=10)  # the spooled alert survived the failed start
+            assert "VerlExporterDown" in json.dumps(robot.messages[0])
+        finally:
+            relay.stop(0.2)
+    finally:
+        busy.close()
+        robot.stop()

@@ -218,7 +218,15 @@ class Relay:
             logger.addFilter(self._filter)
         self.dispatcher.load_spool()
         self.dispatcher.start()
-        self._server = HttpServer(self.app, self._listen, on_problem=self._http_problem).start()
+        try:
+            self._server = HttpServer(self.app, self._listen, on_problem=self._http_problem).start()
+        except BaseException:
+            # Nothing was accepted yet: what the spool held is spooled again, and spool_dir (its lock) is free
+            # for the next try, in this process or another.
+            self.dispatcher.spool(self.dispatcher.drain(0))
+            for logger in self._scrubbed:
+                logger.removeFilter(self._filter)
+            raise
         log.info("relay listening on %s; targets: %s", self._server.url,
                  ", ".join(f"{n} ({t.type})" for n, t in self.config.targets.items()))
         return self
