@@ -322,3 +322,28 @@ def test_no_packaged_alert_changes_its_rule_for_keep_firing_for():
     # keep_firing_for is written only where an alert sets it: the packaged rules carry none
     assert not any(a.keep_firing_for for a in SPEC.alerts())
     assert "keep_firing_for" not in (REPO / "rules/verl-alerts.yaml").read_text()
+
+
+@pytest.mark.integration
+def test_vmalert_gets_the_alerts_without_keep_firing_for_which_it_refuses(tmp_path):
+    """vmalert 1.79 loads no file with a keep_firing_for rule; a spec that sets one gives vmalert its own copy of
+    the alerts without it (the manifest points there), and the packaged spec, which sets none, gives none."""
+    from verl_exporter.render.rules import ALERTS_FILE, RECORDING_FILE
+    from verl_exporter.render.victoriametrics import KUBERNETES_FILE, VM_ALERTS_FILE, render_victoriametrics
+
+    vmalert = require_tool("vmalert")
+    files = render_all(parse_spec(spec_adding_alert(keep_firing_for="10m")), REPO)
+    _write_rules(tmp_path, files)
+
+    def dry_run(*rules: str) -> subprocess.CompletedProcess:
+        return subprocess.run([vmalert, "-dryRun", *[f"-rule={tmp_path / r}" for r in rules]],
+                              capture_output=True, text=True, timeout=60)
+
+    refused = dry_run(RECORDING_FILE, ALERTS_FILE)
+    assert refused.returncode != 0 and "keep_firing_for" in refused.stdout + refused.stderr
+    accepted = dry_run(RECORDING_FILE, VM_ALERTS_FILE)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    vm_rules = [r for g in yaml.safe_load(files[VM_ALERTS_FILE])["groups"] for r in g["rules"]]
+    assert "VerlX" in {r["alert"] for r in vm_rules} and not any("keep_firing_for" in r for r in vm_rules)
+    assert f"--from-file={VM_ALERTS_FILE}" in files[KUBERNETES_FILE]
+    assert VM_ALERTS_FILE not in render_victoriametrics(SPEC)
