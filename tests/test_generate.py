@@ -265,3 +265,85 @@ def test_spec_text_reaches_the_yaml_exactly_whatever_it_holds():
     am = yaml.safe_load(render_alertmanager(spec)["alertmanager/alertmanager.yml"])
     matchers = [m for r in am["route"]["routes"] for m in r["matchers"]]
     assert "team=" + json.dumps(NASTY) in matchers  # the matcher's value in Alertmanager's escapes
+
+
+# ---------------------------------------------------------------------------- keep_firing_for
+def _write_rules(root, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def spec_adding_alert(**alert) -> dict:
+    """The packaged spec with one more threshold alert, VerlX (entropy above 1), on verl_actor_entropy."""
+    doc = yaml.safe_load((REPO / "exporter/verl_exporter/spec/metrics.yaml").read_text())
+    entry = next(m for m in doc["metrics"] if m["name"] == "verl_actor_entropy")
+    entry["alerts"].append({"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1,
+                            "summary": "S.", "description": "D.", **alert})
+    return doc
+
+
+def _only_case(tests_yaml: str, alert: str) -> str:
+    doc = yaml.safe_load(tests_yaml)
+    doc["tests"] = [t for t in doc["tests"] if t["alert_rule_test"][0]["alertname"] == alert]
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@pytest.mark.integration
+def test_keep_firing_for_reaches_the_rule_and_holds_the_alert_after_its_condition_stops(tmp_path):
+    """A spec's keep_firing_for is written into the rule (Prometheus >= 2.42), promtool accepts it, and the
+    alert's generated test sees it firing for keep_firing_for after its threshold is no longer crossed; the
+    same test fails on the rule without it, so the hold is keep_firing_for's doing."""
+    from verl_exporter.render.rules import ALERTS_FILE, TESTS_FILE, render_rules
+
+    promtool = require_tool("promtool")
+    held = render_rules(parse_spec(spec_adding_alert(keep_firing_for="10m")))
+    (rule,) = [r for g in yaml.safe_load(held[ALERTS_FILE])["groups"] for r in g["rules"] if r.get("alert") == "VerlX"]
+    assert rule["keep_firing_for"] == "10m"
+    case = _only_case(held[TESTS_FILE], "VerlX")
+    (evals,) = [t["alert_rule_test"] for t in yaml.safe_load(case)["tests"]]
+    firing = [int(e["eval_time"].removesuffix("m")) for e in evals if e["exp_alerts"]]
+    silent = [int(e["eval_time"].removesuffix("m")) for e in evals if not e["exp_alerts"]]
+    assert len(firing) == 2 and firing[1] - firing[0] == 10 and max(silent) == firing[1] + 1, evals
+
+    for name, files in (("held", held), ("plain", render_rules(parse_spec(spec_adding_alert())))):
+        root = tmp_path / name
+        _write_rules(root, {**files, TESTS_FILE: case})
+        check = subprocess.run([promtool, "check", "rules", str(root / ALERTS_FILE)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        run = subprocess.run([promtool, "test", "rules", str(root / TESTS_FILE)], capture_output=True, text=True)
+        if name == "held":
+            assert run.returncode == 0, run.stdout + run.stderr
+        else:
+            assert run.returncode != 0 and "VerlX" in run.stdout + run.stderr
+
+
+def test_no_packaged_alert_changes_its_rule_for_keep_firing_for():
+    # keep_firing_for is written only where an alert sets it: the packaged rules carry none
+    assert not any(a.keep_firing_for for a in SPEC.alerts())
+    assert "keep_firing_for" not in (REPO / "rules/verl-alerts.yaml").read_text()
+
+
+@pytest.mark.integration
+def test_vmalert_gets_the_alerts_without_keep_firing_for_which_it_refuses(tmp_path):
+    """vmalert 1.79 loads no file with a keep_firing_for rule; a spec that sets one gives vmalert its own copy of
+    the alerts without it (the manifest points there), and the packaged spec, which sets none, gives none."""
+    from verl_exporter.render.rules import ALERTS_FILE, RECORDING_FILE
+    from verl_exporter.render.victoriametrics import KUBERNETES_FILE, VM_ALERTS_FILE, render_victoriametrics
+
+    vmalert = require_tool("vmalert")
+    files = render_all(parse_spec(spec_adding_alert(keep_firing_for="10m")), REPO)
+    _write_rules(tmp_path, files)
+
+    def dry_run(*rules: str) -> subprocess.CompletedProcess:
+        return subprocess.run([vmalert, "-dryRun", *[f"-rule={tmp_path / r}" for r in rules]],
+                              capture_output=True, text=True, timeout=60)
+
+    refused = dry_run(RECORDING_FILE, ALERTS_FILE)
+    assert refused.returncode != 0 and "keep_firing_for" in refused.stdout + refused.stderr
+    accepted = dry_run(RECORDING_FILE, VM_ALERTS_FILE)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    vm_rules = [r for g in yaml.safe_load(files[VM_ALERTS_FILE])["groups"] for r in g["rules"]]
+    assert "VerlX" in {r["alert"] for r in vm_rules} and not any("keep_firing_for" in r for r in vm_rules)
+    assert f"--from-file={VM_ALERTS_FILE}" in files[KUBERNETES_FILE]
+    assert VM_ALERTS_FILE not in render_victoriametrics(SPEC)

@@ -4,6 +4,8 @@ where it must fire, with its full labels and expanded annotations.
 Input series are built from the alert's kind and threshold (or given in the spec's ``test:`` for expr
 alerts). Timing: series move from healthy to faulty at ``SHIFT``; the firing case is evaluated at the
 shift plus the alert's ``for`` plus two evaluation intervals (plus the 5m lookback for absences).
+A threshold alert with ``keep_firing_for`` recovers right after that evaluation, and is checked to stay
+firing for keep_firing_for and to resolve the minute after.
 """
 
 from __future__ import annotations
@@ -113,10 +115,15 @@ def case_for(spec: Spec, alert: Alert) -> dict:
         fire_at = SHIFT + duration_seconds(alert.window) // 60 + duration_seconds(alert.for_) // 60 + 2
     elif alert.kind == "stale":
         fire_at = SHIFT + math.ceil(float(alert.threshold) / 60) + duration_seconds(alert.for_) // 60 + 2
-    total = fire_at + TAIL
+    held = 0  # minutes a threshold alert with keep_firing_for is checked to stay firing after it recovers
+    if alert.kind == "threshold" and alert.keep_firing_for:
+        held = math.ceil(duration_seconds(alert.keep_firing_for) / 60)
+    total = fire_at + held + TAIL
     if alert.kind == "threshold":
         ok, bad = _bad_and_ok(alert)
-        values = [ok] * SHIFT + [bad] * (total - SHIFT)
+        # with keep_firing_for the fault ends right after the firing evaluation
+        end = fire_at + 1 if held else total
+        values = [ok] * SHIFT + [bad] * (end - SHIFT) + [ok] * (total - end)
         value = bad
     elif alert.kind == "nonfinite":
         name = "verl_training_nonfinite_values_total"
@@ -141,7 +148,7 @@ def case_for(spec: Spec, alert: Alert) -> dict:
     labels_text = ", ".join(f'{k}="{v}"' for k, v in series_labels.items())
     input_series = [{"series": f"{name}{{{labels_text}}}", "values": _series_text(values)}]
     out_labels = output_labels(alert, series_labels, spec.rules.selector)
-    return _group(spec, alert, input_series, silent_at, fire_at, out_labels, value)
+    return _group(spec, alert, input_series, silent_at, fire_at, out_labels, value, held)
 
 
 def detector_case(spec: Spec, alert: Alert) -> dict:
@@ -262,7 +269,9 @@ def _minutes(text) -> int:
 
 
 def _group(spec: Spec, alert: Alert, input_series: list[dict], silent_at: int | None, fire_at: int,
-           out_labels: dict[str, str], value: float) -> dict:
+           out_labels: dict[str, str], value: float, held: int = 0) -> dict:
+    """``held``: the fault ended right after fire_at, and keep_firing_for keeps the alert firing (its labels,
+    and its annotations as last evaluated) through fire_at + held; it resolves the minute after."""
     labels = {**out_labels, **alert.labels, "severity": alert.severity}
     annotations = {
         "summary": expand(alert.summary, value, out_labels),
@@ -271,14 +280,17 @@ def _group(spec: Spec, alert: Alert, input_series: list[dict], silent_at: int | 
     }
     silent = [] if silent_at is None else [{"eval_time": f"{silent_at}m", "alertname": alert.alert, "exp_alerts": []}]
     when = ("" if silent_at is None else f"silent at {silent_at}m, ") + f"firing at {fire_at}m"
+    fired = [{"eval_time": f"{fire_at}m", "alertname": alert.alert,
+              "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}]}]
+    if held:
+        when += f", still at {fire_at + held}m (keep_firing_for), resolved at {fire_at + held + 1}m"
+        fired += [{**fired[0], "eval_time": f"{fire_at + held}m"},
+                  {"eval_time": f"{fire_at + held + 1}m", "alertname": alert.alert, "exp_alerts": []}]
     return {
         "name": f"{alert.alert}: {when}",
         "interval": f"{INTERVAL_M}m",
         "input_series": input_series,
-        "alert_rule_test": silent + [
-            {"eval_time": f"{fire_at}m", "alertname": alert.alert,
-             "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}]},
-        ],
+        "alert_rule_test": silent + fired,
     }
 
 

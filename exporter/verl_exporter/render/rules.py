@@ -24,8 +24,10 @@ def runbook_url(spec: Spec, alert: Alert) -> str:
     return f"{spec.rules.runbook_url}#{alert.alert.lower()}"
 
 
-def alert_rule(spec: Spec, alert: Alert) -> dict:
-    return {
+def alert_rule(spec: Spec, alert: Alert, keep_firing: bool = True) -> dict:
+    """One alerting rule. ``keep_firing``: write the alert's keep_firing_for (Prometheus >= 2.42; vmalert
+    1.79 refuses the key, see victoriametrics.py)."""
+    rule = {
         "alert": alert.alert,
         "expr": alert_expr(alert, spec.rules.selector),
         "for": alert.for_,
@@ -33,9 +35,12 @@ def alert_rule(spec: Spec, alert: Alert) -> dict:
         "annotations": {"summary": alert.summary, "description": alert.description,
                         "runbook_url": runbook_url(spec, alert)},
     }
+    if keep_firing and alert.keep_firing_for:
+        rule["keep_firing_for"] = alert.keep_firing_for
+    return rule
 
 
-def alert_groups(spec: Spec) -> list[dict]:
+def alert_groups(spec: Spec, keep_firing: bool = True) -> list[dict]:
     groups: dict[str, list[dict]] = {}
     for alert in spec.alerts():
         if alert.metric in spec:
@@ -44,7 +49,7 @@ def alert_groups(spec: Spec) -> list[dict]:
         else:
             group = "cross-layer"
         name = "verl-exporter." + group
-        groups.setdefault(name, []).append(alert_rule(spec, alert))
+        groups.setdefault(name, []).append(alert_rule(spec, alert, keep_firing))
     return [{"name": name, "rules": rules} for name, rules in groups.items()]
 
 

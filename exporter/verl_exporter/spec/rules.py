@@ -330,6 +330,8 @@ class AlertEntry(StrictModel):
     runbook: dict[Literal["meaning", "confirm", "action"], str] = Field(default_factory=dict)
     test: dict[str, Any] | None = Field(None, description="kind expr: input series, when it fires and is silent")
     inhibits: list[AlertName] = Field(default_factory=list)
+    # how long the alert stays firing after its condition stops: Prometheus >= 2.42 (render/rules.py); vmalert
+    # 1.79 refuses the key and gets the alerts without it (render/victoriametrics.py)
     keep_firing_for: Duration | None = None
     signal: str = Field("", description="kind detector: the step-domain signal (detect:)")
     change: float = 0.0
