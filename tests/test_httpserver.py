@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from http import HTTPStatus
 
 import pytest
 from conftest import http_get, wait_for
@@ -253,7 +254,8 @@ def test_the_relay_answers_408_to_a_body_that_stalls(path, caplog):
         relay._server._httpd.request_timeout = 0.3
         answer = _stalled_body_answer(relay._server.port, path)
         code = "408" if path.endswith("verl-critical") else "404"  # an unknown receiver's refusal stands
-        assert answer.split(b"\r\n", 1)[0].split()[1] == code.encode(), answer[:200]
+        status = answer.split(b"\r\n", 1)[0]
+        assert status.split(b" ", 2)[1:] == [code.encode(), HTTPStatus(int(code)).phrase.encode()], answer[:200]
         metrics = parse_metrics(http_get(relay.url + "/metrics")[2].decode())
         receiver = "verl-critical" if code == "408" else "unknown"
         assert sample(metrics, "verl_relay_requests_total", receiver=receiver, code=code) == 1

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 _PATH_RE = re.compile(r"^/alert/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/?$")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+            408: "Request Timeout", 413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class RelayApp:
