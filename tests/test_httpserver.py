@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+from http import HTTPStatus
 
 import pytest
 from conftest import http_get, wait_for
@@ -222,3 +224,62 @@ def test_an_app_that_raises_answers_500_and_is_counted(server):
     assert http_get(srv.url + "/")[0] == 500
     wait_for(lambda: problems.count("error") == 1, timeout=PATIENCE_S)
     assert http_get(srv.url + "/")[0] == 500  # and the server goes on
+
+
+def _stalled_body_answer(port: int, path: str, headers: bytes = b"") -> bytes:
+    """POST a Content-Length of 1000, send a few bytes of the body, then stall: the server's answer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S)
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: 1000\r\n\r\n{\"a\":" % (path.encode(), headers))
+    answer = b""
+    with contextlib.suppress(OSError):
+        while data := sock.recv(65536):
+            answer += data
+    sock.close()
+    return answer
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("path", ["/alert/verl-critical", "/alert/no-such-receiver"])
+def test_the_relay_answers_408_to_a_body_that_stalls(path, caplog):
+    """A client that stops halfway through its body is a slow client (408, counted), not a relay bug
+    (it was a 500 with a traceback logged each time)."""
+    from conftest import parse_metrics, sample
+    from verl_exporter.relay.app import Relay
+    from verl_exporter.relay.config import parse_config
+
+    doc = {"targets": {"wecom": {"type": "wecom", "url": "http://127.0.0.1:9/", "token_env": "WECOM_KEY"}},
+           "routes": [{"receivers": ["verl-critical"], "targets": ["wecom"]}]}
+    relay = Relay(parse_config(doc, environ={"WECOM_KEY": "k"}), listen="127.0.0.1:0").start()
+    try:
+        relay._server._httpd.request_timeout = 0.3
+        answer = _stalled_body_answer(relay._server.port, path)
+        code = "408" if path.endswith("verl-critical") else "404"  # an unknown receiver's refusal stands
+        status = answer.split(b"\r\n", 1)[0]
+        assert status.split(b" ", 2)[1:] == [code.encode(), HTTPStatus(int(code)).phrase.encode()], answer[:200]
+        metrics = parse_metrics(http_get(relay.url + "/metrics")[2].decode())
+        receiver = "verl-critical" if code == "408" else "unknown"
+        assert sample(metrics, "verl_relay_requests_total", receiver=receiver, code=code) == 1
+        assert not [r for r in caplog.records if r.exc_info], "a slow client logged a traceback"
+    finally:
+        relay.stop(drain_seconds=0)
+
+
+@pytest.mark.integration
+def test_the_sidecar_control_endpoint_answers_408_to_a_body_that_stalls(tmp_path, caplog):
+    from conftest import parse_metrics, sample
+    from verl_exporter.sidecar.config import ServeConfig
+    from verl_exporter.sidecar.sidecar import Sidecar
+
+    side = Sidecar(ServeConfig(listen="127.0.0.1:0", collectors={"host": False}), control_token="tok",
+                   control_file=str(tmp_path / "control.json"))
+    side.start()
+    try:
+        side.server._httpd.request_timeout = 0.3
+        answer = _stalled_body_answer(side.server.port, "/control/stop", b"Authorization: Bearer tok\r\n")
+        assert answer.split(b"\r\n", 1)[0].split()[1] == b"408", answer[:200]
+        assert not (tmp_path / "control.json").exists()  # nothing was requested
+        metrics = parse_metrics(http_get(side.server.url + "/metrics")[2].decode())
+        assert sample(metrics, "verl_exporter_control_requests_total", action="stop", result="bad_request") == 1
+        assert not [r for r in caplog.records if r.exc_info], "a slow client logged a traceback"
+    finally:
+        side.stop()

@@ -8,6 +8,7 @@ POST /alert/<receiver> answers fast and never waits on a robot: the alerts are q
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 _PATH_RE = re.compile(r"^/alert/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})/?$")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+            408: "Request Timeout", 413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class RelayApp:
@@ -64,6 +65,8 @@ class RelayApp:
         label = self.metrics.receiver_label(receiver) if known else "unknown"
         try:
             code, body = self._handle(environ, receiver, known, method)
+        except TimeoutError:  # the client stopped sending its body: a slow client, not a bug of the relay
+            code, body = 408, {"error": "the body did not arrive in time"}
         except Exception:  # a bug must cost this request, counted and logged, not the caller's connection
             log.exception("webhook %s: internal error", label)
             code, body = 500, {"error": "internal error of the relay (logged)"}
@@ -150,11 +153,12 @@ def _discard(environ, length: int, cap: int) -> None:
     """Read (and drop) a refused body, up to cap, so the client can read our answer instead of a reset."""
     left = min(length, cap)
     stream = environ["wsgi.input"]
-    while left > 0:
-        chunk = stream.read(min(left, 65536))
-        if not chunk:
-            break
-        left -= len(chunk)
+    with contextlib.suppress(TimeoutError):  # a client that stalls still gets the refusal
+        while left > 0:
+            chunk = stream.read(min(left, 65536))
+            if not chunk:
+                break
+            left -= len(chunk)
 
 
 def _json(start_response, code: int, body: dict, extra_headers=()):

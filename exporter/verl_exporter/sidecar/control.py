@@ -378,6 +378,8 @@ def make_control_app(state: ControlState, token: str, self_metrics):
                 reason = one_line(str(body.get("reason", ""))) if isinstance(body, dict) else ""
             except ValueError:
                 return reply("400 Bad Request", {"error": "the body must be JSON"}, "bad_request")
+            except TimeoutError:  # the client stopped sending its body
+                return reply("408 Request Timeout", {"error": "the body did not arrive in time"}, "bad_request")
         try:
             recorded = state.request(action, reason)
         except OSError as e:
