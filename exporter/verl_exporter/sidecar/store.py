@@ -26,7 +26,7 @@ COMPONENT = "store"
 
 DEFAULT_MAX_UNMAPPED = 100
 # Deeper nesting than this in a logged dict is not flattened further (a guard against cycles and abuse).
-_MAX_DEPTH = 8
+MAX_DEPTH = 8
 # verl's steps are non-negative integers; above 2**53 a float no longer holds every integer.
 _MAX_STEP = 2**53
 
@@ -35,7 +35,7 @@ def flatten(data: Mapping, prefix: str = "", depth: int = 1) -> Iterator[tuple[s
     """verl's dicts are flat; custom code may nest them: {"a": {"b": 1}} is exported as key "a/b"."""
     for key, value in data.items():
         full = f"{prefix}{key}"
-        if isinstance(value, Mapping) and depth < _MAX_DEPTH:
+        if isinstance(value, Mapping) and depth < MAX_DEPTH:
             yield from flatten(value, full + "/", depth + 1)
         else:
             yield full, value

@@ -28,15 +28,13 @@ from typing import Any
 from ..core.selfmetrics import SelfMetrics, describe
 from ..sidecar.config import ServeConfig
 from ..sidecar.control import ControlReader
+from ..sidecar.store import MAX_DEPTH
 
 log = logging.getLogger(__name__)
 
 SOURCE = "monitor"
 COMPONENT = "monitor"
 _WORKER_PERIOD_S = 0.2
-
-
-_MAX_DEPTH = 8  # as the store flattens: deeper values are not exported either
 
 
 def _jsonable(value: Any, depth: int = 1) -> Any:
@@ -53,7 +51,7 @@ def _jsonable(value: Any, depth: int = 1) -> Any:
     if isinstance(value, int):
         return value if -_BIG_INT < value < _BIG_INT else "(integer out of range)"
     if isinstance(value, (Mapping, list, tuple)):
-        if depth >= _MAX_DEPTH:
+        if depth >= MAX_DEPTH:  # as the store flattens: deeper values are not exported either
             return "(nested too deep)"
         if not isinstance(value, Mapping):
             return [_jsonable(v, depth + 1) for v in value]
