@@ -9,7 +9,7 @@ laid out in rows, in spec order, on the 24-column grid.
 from __future__ import annotations
 
 from ..spec import Spec
-from ..spec.rules import Panel
+from ..spec.panels import Panel
 from .promql import fill
 from .templating import render
 

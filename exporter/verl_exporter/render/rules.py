@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..spec import Spec
-from ..spec.rules import Alert
+from ..spec.kinds import Alert
 from .promql import WINDOW_GROUP, alert_expr, all_recordings
 from .rule_tests import all_cases
 from .templating import render

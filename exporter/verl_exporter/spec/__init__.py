@@ -32,7 +32,10 @@ from pydantic import Field, StringConstraints, ValidationInfo, field_validator, 
 
 from ..core.models import FileError, StrictModel, json_schema, parse_yaml, read_yaml, validate, where
 from .detectors import DetectEntry
-from .rules import PATTERN_MESSAGES, Alert, AlertEntry, Panel, PanelEntry, Sentence
+from .kinds import CROSS_METRIC, KINDS, Alert
+from .kinds.condition import NODES as CONDITION_NODES
+from .panels import Panel
+from .rules import PATTERN_MESSAGES, Sentence
 
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -305,8 +308,8 @@ class MetricEntry(StrictModel):
                           "adaptive detectors), relay (the relay's own health)")
     max_series: int | None = Field(None, ge=1, description="cap on label-value combinations (default: "
                                                             "defaults.max_series)")
-    alerts: list[AlertEntry] = Field(default_factory=list)
-    panels: list[PanelEntry] = Field(default_factory=list)
+    alerts: list[Alert] = Field(default_factory=list)
+    panels: list[Panel] = Field(default_factory=list)
     record: list[RecordingKind | RecordingEntry] = Field(default_factory=list)
     detect: list[DetectEntry] = Field(default_factory=list)
 
@@ -392,8 +395,8 @@ class MetricEntry(StrictModel):
             labels=tuple(self.labels), sources=tuple(s.to_rule() for s in self.source or ()), field=self.field,
             collector=self.collector, instrumented_by=self.instrumented_by,
             max_series=self.max_series or default_max_series,
-            alerts=tuple(a.to_alert(self.name) for a in self.alerts),
-            panels=tuple(p.to_panel(self.name) for p in self.panels),
+            alerts=tuple(a.on_metric(self.name) for a in self.alerts),
+            panels=tuple(p.on_metric(self.name) for p in self.panels),
             record=tuple(r for r in self.record if isinstance(r, str)),
             recordings=tuple((r.record, " ".join(r.expr.split())) for r in self.record if not isinstance(r, str)),
             detect=tuple(d.to_signal(self.name) for d in self.detect))
@@ -421,7 +424,7 @@ class SpecFile(StrictModel):
                                                                              "every series (--run, --rank)")
     defaults: Defaults = Field(default_factory=Defaults)
     metrics: list[MetricEntry] = Field(min_length=1)
-    alerts: list[AlertEntry] = Field(default_factory=list, description="kind expr alerts on several metrics")
+    alerts: list[Alert] = Field(default_factory=list, description="alerts on several metrics")
 
     def cross_problems(self) -> list[tuple[tuple, str]]:
         """(key path, message) of each problem across entries."""
@@ -463,8 +466,15 @@ class SpecFile(StrictModel):
                 out.append(((*path, "alert"), f"alert {a.alert!r} is declared twice"))
             out += [((*path, "inhibits", k), f"inhibits unknown alert {t!r}") for k, t in enumerate(a.inhibits)
                     if t not in names]
-        out += [(("alerts", j, "kind"), "a top-level alert must be of kind expr") for j, a in enumerate(self.alerts)
-                if a.kind != "expr"]
+        out += [(("alerts", j, "kind"), f"a top-level alert names its series: its kind is one of "
+                 f"{sorted(k for k, c in KINDS.items() if not c.on_entry)}") for j, a in enumerate(self.alerts)
+                if a.on_entry]
+        metrics, signals = {m.name for m in self.metrics}, {d.signal for m in self.metrics for d in m.detect}
+        for path, a in alerts:
+            out += [((*path, "kind"), f"reads metric {name!r}, which is not in the spec")
+                    for name in a.metrics() if name not in metrics]
+            out += [((*path, "kind"), f"reads signal {name!r}, which no detect: declares")
+                    for name in a.signals() if name not in signals and a.kind != "expr"]
         return out
 
     def to_spec(self) -> Spec:
@@ -472,7 +482,7 @@ class SpecFile(StrictModel):
         return Spec(version=self.version, target_labels=tuple(self.target_labels), metrics=metrics,
                     by_name={m.name: m for m in metrics},
                     rules=RulesConfig(**self.rules.model_dump(exclude_none=True)),
-                    global_alerts=tuple(a.to_alert("(cross-metric)") for a in self.alerts))
+                    global_alerts=tuple(a.on_metric(CROSS_METRIC) for a in self.alerts))
 
 
 _PATTERN_MESSAGES = {
@@ -485,8 +495,25 @@ _PATTERN_MESSAGES = {
 }
 
 
+def _locate(loc: tuple) -> tuple:
+    """An alert's error location without the kind tag pydantic puts after it (the file does not spell it),
+    nor the branch names of a condition's nodes; a missing or unknown kind is the kind key's problem."""
+    def tag(i: int) -> bool:
+        before = loc[i - 2:i]
+        if loc[i] in KINDS and len(before) == 2 and before[0] == "alerts" and isinstance(before[1], int):
+            return True
+        return loc[i] in CONDITION_NODES and (before[-1:] == ("when",) or (
+            len(before) == 2 and before[0] in ("all", "any") and isinstance(before[1], int)))
+
+    return tuple(part for i, part in enumerate(loc) if not tag(i))
+
+
 def _hint(err: dict, path: tuple) -> str | None:
     """The spec's own words for a failed literal or pattern (pydantic's are generic)."""
+    if err["type"] == "union_tag_invalid":
+        return f"kind: must be one of {list(KINDS)}, got {err['ctx']['tag']!r}"
+    if err["type"] == "union_tag_not_found":
+        return f"kind: required, one of {list(KINDS)}"
     if path == ("version",) and err["type"] == "literal_error":
         return f"must be 1, got {err['input']!r}"
     if err["type"] == "literal_error":
@@ -506,7 +533,7 @@ def parse_spec(doc: Any, origin: str = "spec", lines: dict[tuple, int] | None = 
     if not isinstance(doc, dict):
         raise SpecError(["the document must be a mapping with a 'metrics' list"], origin)
     lines = lines or {}
-    model = validate(SpecFile, doc, origin, lines, SpecError, _hint)
+    model = validate(SpecFile, doc, origin, lines, SpecError, _hint, locate=_locate)
     found = [f"{where(origin, lines, path)}: {'.'.join(map(str, path))}: {message}"
              for path, message in model.cross_problems()]
     if found:

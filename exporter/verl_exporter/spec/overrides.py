@@ -12,7 +12,7 @@ threshold, a team writes only what differs and keeps upgrading the pack::
       VerlRewardDrop: {thresholds: {k: 6}, min_steps: 20}
       VerlGPUPowerCapped: {enabled: false}
 
-Per alert: ``thresholds`` (its knobs, ``knobs()`` in spec/rules.py: the threshold, a detector's k and change,
+Per alert: ``thresholds`` (its knobs, ``knobs()`` of its kind, spec/kinds/: the threshold, a detector's k and change,
 an expr alert's named params), ``for``, ``severity``, ``enabled``, extra ``labels`` (``team`` reroutes it),
 ``min_steps`` (the step-domain signals it reads wait for that many steps). Global: the job ``selector``,
 ``runbook_url``, ``relay_url``, ``evaluation_interval``, ``max_alerts`` (alerts per webhook to the relay) and
@@ -43,7 +43,8 @@ from pydantic import Field, StringConstraints, field_validator
 from ..core.detect import MIN_STEPS_FLOOR
 from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate, where
 from . import LABEL_NAME_RE, Spec, load_spec
-from .rules import ALERT_NAME_RE, DURATION_RE, SEVERITIES, Alert, alert_signals, in_range, knobs, with_knobs
+from .kinds import Alert
+from .rules import ALERT_NAME_RE, DURATION_RE, SEVERITIES, in_range
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ def is_hard_safety(spec: Spec, alert: Alert) -> bool:
     """NaN/Inf, hangs and hardware faults: alerts calibrate never loosens. NaN/Inf alerts (kind nonfinite),
     every alert on a fault-layer metric (GPU lost, ECC, row remapping, NVLink, XID, broken checkpoints) and
     those the spec marks `safety: hard` (the hang alerts)."""
-    if alert.kind == "nonfinite" or alert.safety == "hard":
+    if alert.hard_safety or alert.safety == "hard":
         return True
     return alert.metric in spec and spec[alert.metric].layer == "fault"
 
@@ -190,7 +191,7 @@ def signal_min_steps(spec: Spec, loaded: LoadedOverrides, problems: list[str]) -
         if ov.min_steps is None or name not in by_alert:
             continue
         where = f"{loaded.where('alerts', name, 'min_steps')}: alerts.{name}.min_steps"
-        signals = [s for s in alert_signals(by_alert[name]) if s in windows]
+        signals = [s for s in by_alert[name].signals() if s in windows]
         if not signals:
             problems.append(f"{where}: {name} reads no step-domain signal; min_steps applies to adaptive alerts")
             continue
@@ -236,7 +237,7 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
             problems.append(f"{at}: alerts.{name}: no such alert in the spec"
                             + (f" (did you mean {near[0]}?)" if near else ""))
             continue
-        own = knobs(alert)
+        own = alert.knobs()
         values = {}
         for knob, value in ov.thresholds.items():
             where = f"{loaded.where('alerts', name, 'thresholds', knob)}: alerts.{name}.thresholds.{knob}"
@@ -252,13 +253,13 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
         if ov.enabled is False:
             changed[name] = None
             continue
-        alert = with_knobs(alert, values)
+        alert = alert.with_knobs(values)
         if ov.for_ is not None:
-            alert = replace(alert, for_=ov.for_)
+            alert = alert.model_copy(update={"for_": ov.for_})
         if ov.severity is not None:
-            alert = replace(alert, severity=ov.severity)
+            alert = alert.model_copy(update={"severity": ov.severity})
         if ov.labels:
-            alert = replace(alert, labels={**alert.labels, **ov.labels})
+            alert = alert.model_copy(update={"labels": {**alert.labels, **ov.labels}})
         changed[name] = alert
     min_steps = signal_min_steps(spec, loaded, problems)
     enabled = [changed.get(a.alert, a) for a in spec.alerts() if changed.get(a.alert, a) is not None]
@@ -280,7 +281,7 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
             if a is None:
                 continue
             if set(a.inhibits) & off:
-                a = replace(a, inhibits=tuple(t for t in a.inhibits if t not in off))
+                a = a.model_copy(update={"inhibits": [t for t in a.inhibits if t not in off]})
             out.append(a)
         return tuple(out)
 
@@ -365,8 +366,8 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
                             src(*path, "enabled") if ov and ov.enabled is not None else "spec", note))
         if e is None:
             continue
-        for name, p in knobs(a).items():
-            rows.append(KnobRow(f"{a.alert}.{name}", _fmt(p.value), _fmt(knobs(e)[name].value),
+        for name, p in a.knobs().items():
+            rows.append(KnobRow(f"{a.alert}.{name}", _fmt(p.value), _fmt(e.knobs()[name].value),
                                 src(*path, "thresholds", name) if ov and name in ov.thresholds else "spec", note))
         rows.append(KnobRow(f"{a.alert}.for", a.for_, e.for_, src(*path, "for") if ov and ov.for_ else "spec",
                             note))
@@ -375,10 +376,10 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
         if a.labels or e.labels:
             rows.append(KnobRow(f"{a.alert}.labels", _fmt(a.labels), _fmt(e.labels),
                                 src(*path, "labels") if ov and ov.labels else "spec", note))
-        for sig in alert_signals(a):
+        for sig in a.signals():
             if sig in signals:
                 setter = next((n for n, o in model.alerts.items() if o.min_steps is not None and n in eff_alerts
-                               and sig in alert_signals(eff_alerts[n])), None)
+                               and sig in eff_alerts[n].signals()), None)
                 rows.append(KnobRow(f"{a.alert}.min_steps[{sig}]", str(base_signals[sig].min_steps),
                                     str(signals[sig].min_steps),
                                     src("alerts", setter, "min_steps") if setter else "spec", note))
@@ -393,7 +394,7 @@ def schema(spec: Spec | None = None) -> dict:
     props = {}
     for a in spec.alerts():
         thresholds = {}
-        for name, p in knobs(a).items():
+        for name, p in a.knobs().items():
             t: dict[str, Any] = {"type": "number", "description": f"default {p.value:g}; fires when the watched "
                                                                   f"value {p.op} it"}
             if p.min is not None:
@@ -404,7 +405,7 @@ def schema(spec: Spec | None = None) -> dict:
         entry: dict[str, Any] = {"$ref": "#/$defs/AlertOverride", "description": a.summary,
                                  "properties": {"thresholds": {"type": "object", "properties": thresholds,
                                                                "additionalProperties": False}}}
-        if not alert_signals(a):
+        if not a.signals():
             entry["properties"]["min_steps"] = {"type": "null"}
         props[a.alert] = entry
     doc["properties"]["alerts"] = {"type": "object", "properties": props, "additionalProperties": False,

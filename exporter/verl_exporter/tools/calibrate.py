@@ -27,7 +27,8 @@ import yaml
 
 from ..spec import Spec
 from ..spec.overrides import LoadedOverrides, apply_overrides, is_hard_safety, parse_overrides
-from ..spec.rules import Alert, Param, fmt_knob, in_range, knobs
+from ..spec.kinds import Alert
+from ..spec.rules import Param, fmt_knob, in_range
 from . import replay as rp
 
 MARGIN = 0.2
@@ -208,7 +209,7 @@ WHAT = {
 
 def quantities(spec: Spec, alert: Alert, run: Run) -> dict[str, Values]:
     """{knob: the value it is compared with, each scraped minute} for the knobs calibrate reads."""
-    values = {name: p.value for name, p in knobs(alert).items()}
+    values = {name: p.value for name, p in alert.knobs().items()}
     if alert.kind == "detector":
         return _detector_knobs(run, alert, values)
     if alert.kind == "threshold":
@@ -364,7 +365,7 @@ def calibrate(paths: list[str], spec: Spec, base: LoadedOverrides | None = None,
         runs.append(Run(name, samples))
     result = Calibration([r.name for r in runs], margin, [], base)
     for alert in eff.alerts():
-        own = knobs(alert)
+        own = alert.knobs()
         per_knob: dict[str, list[tuple[Run, Values]]] = {}
         for run in runs:
             for knob, values in quantities(eff, alert, run).items():
@@ -406,7 +407,7 @@ def verify(result: Calibration, spec: Spec, runs: list[Run]) -> None:
                 continue
             own = [k for (a, _), k in by_knob.items() if a == f.alert]
             why = "; ".join(f"{k.knob}: {k.reason}" for k in own if not k.changed) if own else \
-                "calibrate has no quantity for its knobs" if alert is not None and knobs(alert) else \
+                "calibrate has no quantity for its knobs" if alert is not None and alert.knobs() else \
                 "it has no threshold knob (set its for, or enabled: false if it does not apply to this task)"
             result.notes.append(f"{f.alert} still fires on {run.name} at step {step}: {why}")
 

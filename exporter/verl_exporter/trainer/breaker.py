@@ -1,63 +1,43 @@
-"""In-process circuit breaker (seed 003): stop a run that keeps producing critical anomalies.
+"""In-process circuit breaker: save and stop a run on which the pack would page a critical training alert.
 
-Per-key detectors look at the values handed to ``Monitor.log()``:
-  nonfinite  the value is NaN or Inf (verl writes them as null)
-  threshold  the value crosses a fixed line
-  zscore     the value is more than k robust spreads from the baseline of its recent steps
-  detector   a spec `detector` alert: a signal's sustained deviation (and, if the alert asks, a second
-             signal's), judged by the same step-domain detectors (verl_exporter.core.detect) as the sidecar's
-A step with at least one anomaly extends a streak; N consecutive anomalous steps trip the breaker once:
-it writes a diagnosis report (the step, each offending value with its window statistics, a resource
-snapshot), then asks for a checkpoint and a stop through the Monitor.
+The rules are the spec's critical alerts themselves: every one a trainer process can judge (its kind's
+``judge``, spec/kinds/, the Python side of the same declaration that writes its PromQL), on the values handed to
+``Monitor.log()`` and the same step-domain detectors (verl_exporter.core.detect) the sidecar runs. What a
+trainer cannot see (GPU, host, checkpoint files, the sidecars' `up`) its kind says (``blind_reason``), and
+``verl-exporter spec --breaker`` lists both.
 
-The rules come from the spec's critical alerts by default, so the breaker and the alert pack agree on
-what "critical" means. It runs on the Monitor's worker thread, never on the training thread, and costs
-O(rules x window log window) per step.
+An alert "fires" here as in Prometheus: its condition holds on every step (or tick) for its `for`, timed by
+the steps' own clock (the time each step was logged), and on at least ``consecutive`` steps. The first alert
+that fires trips the breaker once: it writes a diagnosis report (the step, each alert holding with its value,
+a resource snapshot), then the Monitor asks for a checkpoint and a stop. A hang logs no step, so the stall
+alerts are also judged between steps (``tick``, from the Monitor's worker).
+
+It runs on the Monitor's worker thread, never on the training thread.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 import sys
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.detect import Detectors, SignalDetector, SignalSpec
+from ..core.detect import Detectors, finite, keys_of
 from ..spec import Spec
-
-OPS = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
-
-
-@dataclass(frozen=True)
-class Rule:
-    key: str  # verl key, e.g. actor/grad_norm (kind detector: the signal's name)
-    kind: str  # nonfinite | threshold | zscore | detector
-    op: str = ">"
-    threshold: float = 0.0
-    k: float = 4.0
-    direction: str = "up"  # for zscore and detector: up | down | both
-    rel_floor: float = 0.05
-    source: str = ""  # the alert it was derived from
-    change: float = 0.0  # detector: the relative change the deviation must also reach
-    confirm: tuple = ()  # detector: (signal, direction, k, change) of which one must deviate too
+from ..spec.rules import duration_seconds
 
 
 @dataclass
 class Anomaly:
-    key: str
+    alert: str  # the critical alert whose condition held
     kind: str
-    value: float | None
-    mean: float | None = None
-    stddev: float | None = None
-    z: float | None = None
-    threshold: float | None = None
-    rule: str = ""
+    value: float | None  # its $value
+    held_s: float = 0.0  # how long it has held (its `for` is reached at for_s)
+    for_s: float = 0.0
 
 
 @dataclass
@@ -65,67 +45,51 @@ class Trip:
     step: Any
     time: float
     anomalies: list[Anomaly]
-    streak: list[dict]
+    alert: str  # the alert that fired
     resources: dict = field(default_factory=dict)
     report_path: str | None = None
 
 
-def _key_of(metric, matchers: dict[str, str]) -> str | None:
-    """The verl key an alert on this metric watches: a literal source, or a pattern filled by matchers."""
-    for rule in metric.sources:
-        if rule.literal and all(rule.const_labels.get(k) == v for k, v in matchers.items()):
-            return rule.pattern
-        if "{" in rule.pattern and not rule.pattern.startswith("(") and rule.regex is not None:
-            names = rule.regex.groupindex
-            if set(names) <= set(matchers) and all(rule.const_labels.get(k, v) == v for k, v in matchers.items()):
-                key = rule.pattern
-                for name in names:
-                    key = key.replace("{" + name + "}", matchers[name])
-                if rule.regex.fullmatch(key):
-                    return key
-    return None
+class _View:
+    """What the kinds judge: the latest value of each verl key (as the sidecar's gauges hold it) and the
+    detectors' statistics (as verl_detector_* export them)."""
+
+    def __init__(self, spec: Spec, detectors: Detectors):
+        self.spec = spec
+        self.detectors = detectors
+        self.latest: dict[str, float] = {}
+        self.now = 0.0
+        self.last_step_at: float | None = None
+        self._keys: dict[tuple, list[tuple[str, float]]] = {}
+
+    def keys(self, metric: str, labels: dict[str, str]) -> list[tuple[str, float]]:
+        k = (metric, tuple(sorted(labels.items())))
+        if k not in self._keys:
+            self._keys[k] = keys_of(self.spec[metric], labels) if metric in self.spec else []
+        return self._keys[k]
+
+    def value(self, metric: str, labels: dict[str, str]) -> float | None:
+        for key, scale in self.keys(metric, labels):
+            if key in self.latest:
+                return self.latest[key] * scale
+        return None
+
+    def stat(self, signal: str, stat: str) -> float | None:
+        d = self.detectors.by_name.get(signal)
+        return None if d is None else d.stats.get(stat)
 
 
-def rules_from_spec(spec: Spec) -> list[Rule]:
-    """Breaker rules from the spec's critical alerts that watch a single verl key."""
-    from ..spec.rules import equality_matchers
+class _Held:
+    """One alert's pending state: since when (and over how many steps) its condition has held."""
 
-    out = []
-    for alert in spec.alerts():
-        if alert.severity != "critical" or alert.metric not in spec:
-            continue
-        metric = spec[alert.metric]
-        key = _key_of(metric, equality_matchers(alert.matchers))
-        if key is None:
-            continue
-        if alert.kind == "nonfinite":
-            out.append(Rule(key=key, kind="nonfinite", source=alert.alert))
-        elif alert.kind == "threshold":
-            out.append(Rule(key=key, kind="threshold", op=alert.op, threshold=float(alert.threshold),
-                            source=alert.alert))
-        elif alert.kind == "adaptive":
-            out.append(Rule(key=key, kind="zscore", k=alert.k, direction=alert.direction,
-                            rel_floor=alert.rel_floor, source=alert.alert))
-    return out
+    __slots__ = ("alert", "for_s", "since", "steps", "value")
 
-
-def detector_rules_from_spec(spec: Spec) -> list[Rule]:
-    """Breaker rules from the spec's critical `detector` alerts (signals, not keys)."""
-    return [Rule(key=a.signal, kind="detector", k=a.k, direction=a.direction, change=a.change, source=a.alert,
-                 confirm=tuple((c.signal, c.direction, c.k, c.change) for c in a.confirm))
-            for a in spec.alerts() if a.severity == "critical" and a.kind == "detector"]
-
-
-def deviates(stats: dict[str, float], direction: str, k: float, change: float) -> float | None:
-    """The sustained z-score if a detector's latest stats deviate as asked (the PromQL of a detector alert,
-    render.promql.detector_cond, in Python), else None."""
-    for d in (("down", "up") if direction == "both" else (direction,)):
-        stat = "sustained_drop_zscore" if d == "down" else "sustained_rise_zscore"
-        z = stats.get(stat)
-        rel = stats.get("relative_change", 0.0)
-        if z is not None and z > k and (not change or (rel < -change if d == "down" else rel > change)):
-            return z
-    return None
+    def __init__(self, alert):
+        self.alert = alert
+        self.for_s = float(duration_seconds(alert.for_))
+        self.since: float | None = None
+        self.steps = 0
+        self.value: float | None = None
 
 
 def resource_snapshot() -> dict:
@@ -153,108 +117,95 @@ def resource_snapshot() -> dict:
     return snap
 
 
+def judged_alerts(spec: Spec) -> tuple[list, dict[str, str]]:
+    """(the critical alerts the breaker judges, {critical alert it cannot judge: why})."""
+    judged, blind = [], {}
+    for a in spec.alerts():
+        if a.severity != "critical":
+            continue
+        why = a.blind_reason(spec)
+        if why is None:
+            judged.append(a)
+        else:
+            blind[a.alert] = why
+    return judged, blind
+
+
 class CircuitBreaker:
-    def __init__(self, rules: list[Rule], window: int = 50, min_samples: int = 10, consecutive: int = 3,
-                 report_dir: str | None = None, clock=time.time, detectors: Detectors | None = None):
-        """detectors: the spec's signals (Detectors.from_spec), needed by rules of kind detector."""
-        if consecutive < 1 or window < 2 or min_samples < 2:
-            raise ValueError("consecutive >= 1, window >= 2 and min_samples >= 2 are required")
-        self.rules = [r for r in rules if r.kind != "detector"]
-        self._by_key: dict[str, list[Rule]] = {}
-        for r in self.rules:
-            self._by_key.setdefault(r.key, []).append(r)
-        # A zscore rule is a one-key signal of the shared detector: a baseline of its last `window` steps,
-        # flat (no trend), floored by rel_floor of its level, deciding on the step itself (hold 1).
-        self._windows = {r.key: SignalDetector(SignalSpec(name=r.key, metric="", window=window, hold=1,
-                                                          min_steps=min_samples, rel_floor=r.rel_floor,
-                                                          trend=False))
-                         for r in self.rules if r.kind == "zscore"}
-        self.detector_rules = [r for r in rules if r.kind == "detector"]
-        self.detectors = detectors
-        self._min_samples = min_samples
+    def __init__(self, alerts: list, spec: Spec, consecutive: int = 1, report_dir: str | None = None,
+                 clock=time.time, detectors: Detectors | None = None):
+        """alerts: the spec's alerts to judge (judged_alerts); consecutive: the fewest steps a condition must
+        hold besides its `for` (1: as Prometheus judges it)."""
+        if consecutive < 1:
+            raise ValueError("consecutive >= 1 is required")
+        self.alerts = list(alerts)
+        needed = {s for a in self.alerts for s in a.breaker_signals()}
+        self.detectors = detectors if detectors is not None else \
+            Detectors([sig for sig in spec.signals() if sig.name in needed], spec)
+        self._view = _View(spec, self.detectors)
+        self._held = [_Held(a) for a in self.alerts]
+        self._ticked = [h for h in self._held if h.alert.judged_between_steps]
         self._consecutive = consecutive
         self._report_dir = report_dir
         self._clock = clock
-        self._streak: deque[dict] = deque(maxlen=consecutive)
         self.tripped: Trip | None = None
 
     @classmethod
     def from_spec(cls, spec: Spec, **kwargs) -> CircuitBreaker:
-        """The spec's critical alerts as rules, with the spec's signals their detector alerts read (only those:
-        the breaker pays for no signal it does not judge)."""
-        detector_rules = detector_rules_from_spec(spec)
-        needed = {r.key for r in detector_rules} | {c[0] for r in detector_rules for c in r.confirm}
-        return cls(rules_from_spec(spec) + detector_rules,
-                   detectors=Detectors([sig for sig in spec.signals() if sig.name in needed], spec), **kwargs)
+        """Every critical alert of the spec that a trainer process can judge, with the signals they read (only
+        those: the breaker pays for no signal it does not judge)."""
+        return cls(judged_alerts(spec)[0], spec, **kwargs)
 
-    def observe(self, step: Any, data: dict) -> tuple[list[Anomaly], Trip | None]:
-        """Check one step. Returns its anomalies and, on the step that trips the breaker, the Trip."""
+    def observe(self, step: Any, data: dict, now: float | None = None) -> tuple[list[Anomaly], Trip | None]:
+        """Judge one logged step (``now``: when it was logged). Returns the alerts whose condition holds and, on
+        the step that trips the breaker, the Trip."""
+        view = self._view
+        now = self._clock() if now is None else now
+        for key, raw in data.items():
+            if raw is None:
+                view.latest[key] = math.nan  # null is verl's NaN
+            elif (x := finite(raw)) is not None:
+                view.latest[key] = x
+            elif isinstance(raw, float):
+                view.latest[key] = raw  # +-Inf, NaN
+        new = self.detectors.observe(step, data, now) or step is None  # a repeated step judges nothing new
+        view.now = now
+        view.last_step_at = now
+        return self._judge(step, self._held if new else [], now)
+
+    def tick(self, now: float | None = None) -> Trip | None:
+        """Judge the alerts that need no new step (a stall) at ``now``."""
+        if not self._ticked or self._view.last_step_at is None:
+            return None
+        now = self._clock() if now is None else now
+        self._view.now = now
+        return self._judge(None, self._ticked, now, step_counts=False)[1]
+
+    def _judge(self, step, held: list[_Held], now: float, step_counts: bool = True):
         anomalies: list[Anomaly] = []
-        for key, rules in self._by_key.items():
-            if key not in data:
-                continue
-            raw = data[key]
-            value = math.nan if raw is None else _as_float(raw)  # null is verl's NaN
+        fired = None
+        for h in held:
+            value = h.alert.judge(self._view)
             if value is None:
-                continue  # not a number at all (a string): nothing to judge
-            finite = math.isfinite(value)
-            outlier = False
-            for rule in rules:
-                a = self._check(rule, value, finite)
-                if a is not None:
-                    anomalies.append(a)
-                    outlier = outlier or a.kind == "zscore"
-            # Outliers stay out of the window: a sustained shift keeps counting instead of becoming normal.
-            if finite and not outlier and key in self._windows:
-                self._windows[key].values.append(value)
-        if self.detector_rules and self.detectors is not None and self.detectors.observe(step, data):
-            anomalies.extend(self._check_detectors())
-        if self.tripped is not None:
+                h.since, h.steps = None, 0
+                continue
+            if h.since is None:
+                h.since = now
+            h.steps += 1 if step_counts else 0
+            h.value = value
+            a = Anomaly(h.alert.alert, h.alert.kind, value, now - h.since, h.for_s)
+            anomalies.append(a)
+            # a stall is judged on time alone (it has no steps); the others on their `for` and their steps
+            if fired is None and now - h.since >= h.for_s and \
+                    (h.alert.judged_between_steps or h.steps >= self._consecutive):
+                fired = a
+        if self.tripped is not None or fired is None:
             return anomalies, None
-        if anomalies:
-            self._streak.append({"step": step, "anomalies": [asdict(a) for a in anomalies]})
-        else:
-            self._streak.clear()
-        if len(self._streak) >= self._consecutive:
-            self.tripped = Trip(step=step, time=self._clock(), anomalies=anomalies, streak=list(self._streak),
-                                resources=resource_snapshot())
-            self.tripped.report_path = self._write_report(self.tripped)
-            return anomalies, self.tripped
-        return anomalies, None
-
-    def _check(self, rule: Rule, value: float, finite: bool) -> Anomaly | None:
-        if rule.kind == "nonfinite":
-            return None if finite else Anomaly(rule.key, "nonfinite", value, rule=rule.source)
-        if not finite:
-            return None  # NaN is the nonfinite rule's business
-        if rule.kind == "threshold":
-            if OPS[rule.op](value, rule.threshold):
-                return Anomaly(rule.key, "threshold", value, threshold=rule.threshold, rule=rule.source)
-            return None
-        w = self._windows[rule.key]
-        if len(w.values) < self._min_samples:
-            return None
-        stats = w.compare(value)  # the shared detector's statistics; the caller decides if the value joins
-        z, mean, spread = stats["zscore"], stats["expected"], stats["spread"]
-        hit = z > rule.k if rule.direction == "up" else z < -rule.k if rule.direction == "down" else abs(z) > rule.k
-        return Anomaly(rule.key, "zscore", value, mean, spread, z, rule=rule.source) if hit else None
-
-    def _check_detectors(self) -> list[Anomaly]:
-        out = []
-        for rule in self.detector_rules:
-            det = self.detectors.by_name.get(rule.key)
-            if det is None:
-                continue
-            z = deviates(det.stats, rule.direction, rule.k, rule.change)
-            if z is None:
-                continue
-            confirmed = not rule.confirm or any(
-                (d := self.detectors.by_name.get(sig)) is not None and deviates(d.stats, direction, k, change)
-                is not None for sig, direction, k, change in rule.confirm)
-            if confirmed:
-                out.append(Anomaly(rule.key, "detector", det.values[-1] if det.values else None,
-                                   det.stats.get("expected"), det.stats.get("spread"), z, rule=rule.source))
-        return out
+        last_step = step if step is not None else self.detectors._last_step
+        self.tripped = Trip(step=last_step, time=now, anomalies=anomalies, alert=fired.alert,
+                            resources=resource_snapshot())
+        self.tripped.report_path = self._write_report(self.tripped)
+        return anomalies, self.tripped
 
     def _write_report(self, trip: Trip) -> str | None:
         if not self._report_dir:
@@ -262,19 +213,10 @@ class CircuitBreaker:
         path = Path(self._report_dir) / f"verl-exporter-diagnosis-step{trip.step}.json"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            doc = {"step": trip.step, "time": trip.time, "anomalies": [asdict(a) for a in trip.anomalies],
-                   "streak": trip.streak, "resources": trip.resources,
-                   "rules": [asdict(r) for r in self.rules]}
+            doc = {"step": trip.step, "time": trip.time, "alert": trip.alert,
+                   "anomalies": [asdict(a) for a in trip.anomalies], "resources": trip.resources,
+                   "judged": [a.alert for a in self.alerts]}
             path.write_text(json.dumps(doc, indent=2, default=str, allow_nan=True), encoding="utf-8")
             return str(path)
         except OSError:
             return None
-
-
-def _as_float(raw: Any) -> float | None:
-    if isinstance(raw, bool):
-        return float(raw)
-    try:
-        return float(raw)
-    except Exception:  # a string, an int beyond a float's range, an object whose __float__ raises
-        return None

@@ -249,6 +249,12 @@ class Monitor:
     def _run(self) -> None:
         while not self._stop.wait(_WORKER_PERIOD_S):
             self.drain()
+            if self.breaker is not None:
+                try:  # a hung trainer logs nothing: its stall is judged on the clock
+                    self._on_trip(self.breaker.tick())
+                except Exception as e:
+                    if self._sidecar:
+                        self._self.problem(COMPONENT, "breaker", f"the breaker could not judge a stall: {describe(e)}")
             try:
                 self._poll_control()
             except Exception as e:
@@ -272,7 +278,7 @@ class Monitor:
         """One step; whatever fails costs this step's part alone (the breaker, the store or the file)."""
         if self.breaker is not None:
             try:
-                self._observe_breaker(step, data)
+                self._observe_breaker(step, data, seen_at)
             except Exception as e:
                 if self._sidecar:
                     self._self.problem(COMPONENT, "breaker", f"the breaker could not take a step: {describe(e)}")
@@ -286,19 +292,23 @@ class Monitor:
             if self._sidecar:
                 self._self.problem(COMPONENT, "drain", f"could not publish a step: {describe(e)}")
 
-    def _observe_breaker(self, step, data) -> None:
-        anomalies, trip = self.breaker.observe(step, data)
+    def _observe_breaker(self, step, data, seen_at) -> None:
+        anomalies, trip = self.breaker.observe(step, data, seen_at)
         if self._sidecar:
             for a in anomalies:
-                self._self.inc("verl_exporter_breaker_anomalies_total", key=a.key, kind=a.kind)
-        if trip is not None:
-            if self._sidecar:
-                self._self.inc("verl_exporter_breaker_trips_total")
-            reason = f"circuit breaker tripped at step {trip.step}: " + ", ".join(
-                f"{a.key} {a.kind}" for a in trip.anomalies)
-            log.error("verl-exporter: %s; report: %s", reason, trip.report_path or "(no report_dir)")
-            self._request("checkpoint", reason)
-            self._request("stop", reason)
+                self._self.inc("verl_exporter_breaker_anomalies_total", alert=a.alert)
+        self._on_trip(trip)
+
+    def _on_trip(self, trip) -> None:
+        if trip is None:
+            return
+        if self._sidecar:
+            self._self.inc("verl_exporter_breaker_trips_total")
+        reason = f"circuit breaker tripped at step {trip.step}: {trip.alert} (holding: " + ", ".join(
+            f"{a.alert} {a.value:.4g}" if a.value is not None else a.alert for a in trip.anomalies) + ")"
+        log.error("verl-exporter: %s; report: %s", reason, trip.report_path or "(no report_dir)")
+        self._request("checkpoint", reason)
+        self._request("stop", reason)
 
     def _publish_drops(self) -> None:
         dropped = self._dropped

@@ -1,0 +1,221 @@
+"""What every alert kind has: the common keys of an alert, its texts rendered with its knobs, and the
+interface each kind module fills in (its PromQL, its promtool test, its labels, its in-process evaluation).
+
+A kind is a subclass of ``AlertBase`` with ``kind: Literal["<name>"]``, registered with ``@register``; the
+spec's ``alerts:`` lists are the union of the registered kinds, told apart by ``kind``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from ...core.models import StrictModel
+from ..rules import (
+    RESERVED_PLACEHOLDERS,
+    SEVERITIES,
+    TEMPLATE_RE,
+    TEST_EXPR_RE,
+    TEXT_PLACEHOLDER_RE,
+    AlertName,
+    Duration,
+    Param,
+    ParamName,
+    Sentence,
+    eval_knob_expr,
+    render_text,
+)
+
+KINDS: dict[str, type[AlertBase]] = {}  # kind name -> its model, in registration order
+CROSS_METRIC = "(cross-metric)"  # the metric of an alert declared at the top level
+
+
+def register(cls: type[AlertBase]) -> type[AlertBase]:
+    KINDS[cls.model_fields["kind"].default] = cls
+    return cls
+
+
+class StepView(Protocol):
+    """What the in-process breaker shows a kind at one step (or tick) of a run."""
+
+    now: float  # the time of the step (or of the tick)
+    last_step_at: float | None  # when the latest step was logged
+
+    def value(self, metric: str, labels: dict[str, str]) -> float | None:
+        """The latest value logged for one series of a spec metric (NaN for verl's null), None if never."""
+
+    def stat(self, signal: str, stat: str) -> float | None:
+        """A step-domain signal's statistic as the sidecar would export it (verl_detector_<stat>), or None."""
+
+
+class AlertBase(StrictModel):
+    """An alert, on a metric entry or (on several metrics) at the top level."""
+
+    kind: str
+    alert: AlertName
+    severity: Literal[SEVERITIES]
+    summary: Sentence
+    description: Sentence
+    for_: Duration = Field("0m", alias="for")
+    labels: dict[str, str] = Field(default_factory=dict, description="team decides the route")
+    runbook: dict[Literal["meaning", "confirm", "action"], str] = Field(default_factory=dict)
+    inhibits: list[AlertName] = Field(default_factory=list)
+    # how long the alert stays firing after its condition stops: Prometheus >= 2.42 (render/rules.py); vmalert
+    # 1.79 refuses the key and gets the alerts without it (render/victoriametrics.py)
+    keep_firing_for: Duration | None = None
+    safety: Literal["hard"] | None = Field(None, description="hard: calibrate never loosens it")
+
+    # A kind that brings its own promtool test (`test:` with input series and times) says so.
+    explicit_test: ClassVar[bool] = False
+    # A kind judged between steps too (the breaker's ticks), not only when a step arrives.
+    judged_between_steps: ClassVar[bool] = False
+    # A kind that watches the metric entry it is declared on (it cannot be a top-level alert).
+    on_entry: ClassVar[bool] = False
+    # A kind calibrate never loosens, whatever the spec says (NaN/Inf).
+    hard_safety: ClassVar[bool] = False
+
+    _metric: str = PrivateAttr(CROSS_METRIC)  # the spec entry it is declared on (set by the entry)
+    _written: dict[str, str] = PrivateAttr(default_factory=dict)  # texts as written, with <knob> placeholders
+    _base_for: str = PrivateAttr("0m")  # the `for` the spec gives (an explicit test is timed for it)
+
+    # ------------------------------------------------------------------ what each kind fills in
+    def knobs(self) -> dict[str, Param]:
+        """The alert's thresholds an overrides file may set, by name."""
+        return {}
+
+    def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
+        """The fields that set those knobs."""
+        return {}
+
+    def promql(self, sel: str) -> str:
+        raise NotImplementedError
+
+    def test_case(self, spec) -> dict:
+        """The alert's promtool test group (promtool.group)."""
+        raise NotImplementedError
+
+    def signals(self) -> tuple[str, ...]:
+        """The step-domain signals (detect:) whose gauges the alert reads."""
+        return ()
+
+    def breaker_signals(self) -> tuple[str, ...]:
+        """The signals its in-process evaluation needs."""
+        return self.signals()
+
+    def metrics(self) -> tuple[str, ...]:
+        """Metrics other than its entry's that it names in its declaration (checked to exist)."""
+        return ()
+
+    def blind_reason(self, spec) -> str | None:
+        """Why a trainer process cannot judge this alert itself (None: the breaker can)."""
+        return f"a {self.kind} alert is judged by Prometheus only"
+
+    def judge(self, view: StepView) -> float | None:
+        """The alert's $value if its condition holds now (before its `for`), else None."""
+        return None
+
+    # ------------------------------------------------------------------ the same for every kind
+    @property
+    def metric(self) -> str:
+        return self._metric
+
+    @property
+    def base_for(self) -> str:
+        return self._base_for
+
+    def knob_values(self) -> dict[str, float]:
+        return {name: p.value for name, p in self.knobs().items()}
+
+    def with_knobs(self, values: dict[str, float]) -> AlertBase:
+        """The alert with some knobs set (names must be among knobs()); its texts follow."""
+        if not values:
+            return self
+        out = self.model_copy(update=self._knob_update({k: float(v) for k, v in values.items()}))
+        out._render()
+        return out
+
+    def on_metric(self, metric: str) -> AlertBase:
+        self._metric = metric
+        return self
+
+    def _render(self) -> None:
+        values = self.knob_values()
+        w = self._written
+        self.__dict__["summary"] = render_text(w["summary"], values)
+        self.__dict__["description"] = render_text(w["description"], values)
+        self.__dict__["runbook"] = {k.split(".", 1)[1]: render_text(v, values) for k, v in w.items()
+                                    if k.startswith("runbook.")}
+
+    @field_validator("summary", "description")
+    @classmethod
+    def _template(cls, text: str) -> str:
+        leftover = TEMPLATE_RE.sub("", text)
+        if "{{" in leftover or "}}" in leftover:
+            raise ValueError('only {{ $value | printf "%.3g" }} and {{ $labels.NAME }} may be used in annotations')
+        return " ".join(text.split())
+
+    @field_validator("labels")
+    @classmethod
+    def _no_severity(cls, labels: dict[str, str]) -> dict[str, str]:
+        if "severity" in labels:
+            raise ValueError("severity has its own key")
+        return labels
+
+    @model_validator(mode="after")
+    def _common(self) -> AlertBase:
+        """The texts and the test quote only the alert's knobs; then the texts are rendered with them."""
+        bad = []
+        names = set(self.knobs())
+        for key in ("summary", "description"):  # runbook prose may hold <step>-like words of its own
+            unknown = {name for name, _ in TEXT_PLACEHOLDER_RE.findall(getattr(self, key))} - names
+            if unknown:
+                bad.append(f"{key} quotes <{'>, <'.join(sorted(unknown))}>, which are not its knobs "
+                           f"({sorted(names)})")
+        test = getattr(self, "test", None)
+        if self.explicit_test and test is None:
+            bad.append(f"a {self.kind} alert needs a test (input series, when it fires, when it is silent)")
+        if self.explicit_test and test:
+            texts = {f"test.input[{j}]": str(s.get("values", "")) for j, s in enumerate(test.get("input") or [])
+                     if isinstance(s, dict)}
+            texts.update({f"test.{key}": str(test[key]) for key in ("value", "value_slope") if key in test})
+            for where, text in texts.items():
+                for expr in TEST_EXPR_RE.findall(text):
+                    try:
+                        eval_knob_expr(expr, dict.fromkeys(names, 1.0))
+                    except ValueError as e:
+                        bad.append(f"{where}: <{expr}>: {e}")
+        if bad:
+            raise ValueError("; ".join(bad))
+        self._written = {"summary": self.summary, "description": self.description,
+                         **{f"runbook.{k}": v for k, v in self.runbook.items()}}
+        self._base_for = self.for_
+        self._render()
+        return self
+
+
+class WithParams(StrictModel):
+    """Kinds whose knobs are named thresholds of their own (``params:``)."""
+
+    params: dict[ParamName, Param] = Field(default_factory=dict, description="its named thresholds (knobs)")
+
+    @field_validator("params")
+    @classmethod
+    def _param_names(cls, params: dict[str, Param]) -> dict[str, Param]:
+        reserved = set(params) & set(RESERVED_PLACEHOLDERS)
+        if reserved:
+            raise ValueError(f"{sorted(reserved)} are the placeholders of every expr, not params")
+        return params
+
+    def knobs(self) -> dict[str, Param]:
+        return dict(self.params)
+
+    def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
+        return {"params": {name: p.model_copy(update={"value": values[name]}) if name in values else p
+                           for name, p in self.params.items()}}
+
+
+class WithTest(StrictModel):
+    """Kinds that bring their own promtool test."""
+
+    test: dict[str, Any] | None = Field(None, description="input series, when it fires and when it is silent")

@@ -1,0 +1,115 @@
+"""kind detector: a step-domain signal's sustained deviation from its own trend (verl_exporter.core.detect),
+optionally past a relative change, optionally confirmed by other signals deviating at the same time."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ...core.models import StrictModel
+from ..rules import DIRECTIONS, Param
+from . import promtool
+from .base import AlertBase, StepView, register
+from .promql import JOIN, detector_gauge, num
+
+
+class Confirm(StrictModel):
+    """Another signal that must deviate at the same time for a detector alert to hold."""
+
+    signal: str
+    direction: Literal[DIRECTIONS] = "down"
+    k: float | None = Field(None, description="default: the alert's k")
+    change: float = 0.0
+
+
+def _directions(direction: str) -> tuple[str, ...]:
+    return ("down", "up") if direction == "both" else (direction,)
+
+
+def _stat(d: str) -> str:
+    return "sustained_drop_zscore" if d == "down" else "sustained_rise_zscore"
+
+
+def deviation(signal: str, direction: str, k: float, change: float, sel: str) -> str:
+    """A sustained deviation of one signal, from the gauges the detectors export; its value is the z-score."""
+    parts = []
+    for d in _directions(direction):
+        cond = f"{detector_gauge(_stat(d), signal, sel)} > {num(k)}"
+        if change:
+            cmp, ch = ("<", -change) if d == "down" else (">", change)
+            cond += f" and {JOIN} {detector_gauge('relative_change', signal, sel)} {cmp} {num(ch)}"
+        parts.append(cond)
+    return " or ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
+
+
+def deviates(view: StepView, signal: str, direction: str, k: float, change: float) -> float | None:
+    """``deviation`` judged on the breaker's view: the sustained z-score, or None."""
+    for d in _directions(direction):
+        z = view.stat(signal, _stat(d))
+        rel = view.stat(signal, "relative_change") or 0.0
+        if z is not None and z > k and (not change or (rel < -change if d == "down" else rel > change)):
+            return z
+    return None
+
+
+@register
+class DetectorAlert(AlertBase):
+    kind: Literal["detector"] = "detector"
+    signal: str = Field(description="the step-domain signal (detect:)")
+    direction: Literal[DIRECTIONS] = "up"
+    k: float = Field(4.0, gt=0, description="standard deviations")
+    change: float = Field(0.0, description="the relative change from the expected value it must also reach")
+    confirm: list[Confirm] = Field(default_factory=list)
+
+    def knobs(self) -> dict[str, Param]:
+        return {"k": Param(value=self.k, op=">", min=0.5), "change": Param(value=self.change, op=">", min=0)}
+
+    def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if k in ("k", "change")}
+
+    def confirms(self) -> list[tuple[str, str, float, float]]:
+        return [(c.signal, c.direction, self.k if c.k is None else c.k, c.change) for c in self.confirm]
+
+    def signals(self) -> tuple[str, ...]:
+        return (self.signal,)
+
+    def breaker_signals(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([self.signal, *[c.signal for c in self.confirm]]))
+
+    def promql(self, sel: str) -> str:
+        main = deviation(self.signal, self.direction, self.k, self.change, sel)
+        if not self.confirm:
+            return main
+        others = " or ".join(f"({deviation(*c, sel)})" for c in self.confirms())
+        return f"({main}) and {JOIN} ({others})"
+
+    def test_case(self, spec) -> dict:
+        """The detector's gauges of the signal (and of the first confirming signal) move from normal to a
+        sustained deviation of twice the alert's k at the shift."""
+        base = promtool.base_labels(spec)
+        shift = promtool.SHIFT
+        total = promtool.fire_minute(self) + promtool.TAIL
+        series = []
+        for signal, direction, k, change in [(self.signal, self.direction, self.k, self.change)] + \
+                self.confirms()[:1]:
+            sign = -1.0 if direction == "down" else 1.0
+            labels = {**base, "signal": signal}
+            series.append(promtool.series(f"verl_detector_{_stat(direction)}", labels,
+                                          [0.0] * shift + [2.0 * k] * (total - shift)))
+            if change:
+                series.append(promtool.series("verl_detector_relative_change", labels,
+                                              [0.0] * shift + [sign * 2.0 * change] * (total - shift)))
+        return promtool.group(spec, self, series, shift - 5, promtool.fire_minute(self),
+                              {**base, "signal": self.signal}, 2.0 * self.k)
+
+    def blind_reason(self, spec) -> str | None:
+        return None
+
+    def judge(self, view: StepView) -> float | None:
+        z = deviates(view, self.signal, self.direction, self.k, self.change)
+        if z is None:
+            return None
+        if self.confirm and not any(deviates(view, *c) is not None for c in self.confirms()):
+            return None
+        return z

@@ -1,0 +1,43 @@
+"""kind stale: a unix-time gauge older than a number of seconds (time() - gauge > threshold)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..rules import Number, Param, equality_matchers
+from . import promtool
+from .base import AlertBase, register
+from .promql import num, vector
+from .threshold import metric_labels
+
+
+@register
+class StaleAlert(AlertBase):
+    kind: Literal["stale"] = "stale"
+    on_entry = True
+    threshold: Number = Field(description="seconds")
+    matchers: str = ""
+
+    def knobs(self) -> dict[str, Param]:
+        return {"threshold": Param(value=float(self.threshold), op=">", min=0)}
+
+    def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
+        return {"threshold": values["threshold"]} if "threshold" in values else {}
+
+    def promql(self, sel: str) -> str:
+        return f"time() - {vector(self.metric, sel, self.matchers.strip('{} '))} > {num(self.threshold)}"
+
+    def test_case(self, spec) -> dict:
+        """A unix-time gauge that advances with time, then stops: its age grows past the threshold."""
+        from ..rules import duration_seconds
+
+        shift = promtool.SHIFT
+        labels = {**promtool.base_labels(spec), **metric_labels(spec, self, equality_matchers(self.matchers))}
+        fire_at = shift + math.ceil(float(self.threshold) / 60) + duration_seconds(self.for_) // 60 + 2
+        total = fire_at + promtool.TAIL
+        values = [i * 60.0 for i in range(shift)] + [(shift - 1) * 60.0] * (total - shift)
+        return promtool.group(spec, self, [promtool.series(self.metric, labels, values)], shift - 5, fire_at,
+                              dict(labels), fire_at * 60.0 - (shift - 1) * 60.0)
