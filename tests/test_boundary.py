@@ -374,4 +374,4 @@ def test_the_breaker_judges_the_other_keys_of_a_step_with_a_huge_integer():
 
     breaker = CircuitBreaker.from_spec(SPEC)
     anomalies, _ = breaker.observe(1, {"actor/grad_norm": 10**400, "actor/pg_loss": float("nan")})
-    assert [(a.key, a.kind) for a in anomalies] == [("actor/pg_loss", "nonfinite")]
+    assert [(a.alert, a.kind) for a in anomalies] == [("VerlNonFiniteLoss", "nonfinite")]

@@ -17,7 +17,6 @@ from conftest import require_tool
 from verl_exporter.cli import main
 from verl_exporter.spec import load_spec
 from verl_exporter.spec.overrides import apply_overrides, load_overrides
-from verl_exporter.spec.rules import knobs
 from verl_exporter.tools import calibrate as cb
 from verl_exporter.tools import replay as rp
 
@@ -82,7 +81,7 @@ def test_calibrate_backtest_generate(spec, runs, tmp_path, capsys, monkeypatch):
     assert doc == {"version": 1, "alerts": {"VerlResponseClipRatioHigh": {"thresholds": {"clip_ratio": 0.32}}}}
     assert "# default 0.2: clip ratio of a step, highest" in proposal.read_text()
     eff = apply_overrides(spec, load_overrides(proposal))
-    assert knobs(next(a for a in eff.alerts() if a.alert == "VerlResponseClipRatioHigh"))["clip_ratio"].value == 0.32
+    assert next(a for a in eff.alerts() if a.alert == "VerlResponseClipRatioHigh").knobs()["clip_ratio"].value == 0.32
 
     # backtest --overrides: the healthy run is silenced, the faulty ones still fire (./verl-exporter.yaml is
     # found without the flag, as every command finds it)
@@ -125,19 +124,19 @@ def test_hard_safety_alerts_are_never_loosened(spec, runs, tmp_path, capsys):
 
 def test_a_hard_safety_knob_is_refused_with_the_reason(spec):
     lost = next(a for a in spec.alerts() if a.alert == "VerlGPULost")
-    knob = cb.propose_knob(spec, lost, "threshold", knobs(lost)["threshold"],
+    knob = cb.propose_knob(spec, lost, "threshold", lost.knobs()["threshold"],
                            cb.Extreme(0.0, "r.jsonl", 12, 0.0, 100), 0.2)
     assert knob.refused and not knob.changed and knob.proposed == 1
     assert "REFUSED" in knob.reason and "hard-safety alert" in knob.reason and "never loosens" in knob.reason
     clip = next(a for a in spec.alerts() if a.alert == "VerlResponseClipRatioHigh")
-    knob = cb.propose_knob(spec, clip, "clip_ratio", knobs(clip)["clip_ratio"],
+    knob = cb.propose_knob(spec, clip, "clip_ratio", clip.knobs()["clip_ratio"],
                            cb.Extreme(0.95, "r.jsonl", 5, 0.9, 100), 0.2)
     assert not knob.changed and "past the knob's limit 1" in knob.reason and "enabled: false" in knob.reason
 
 
 def test_a_less_than_knob_is_loosened_downwards(spec):
     answers = next(a for a in spec.alerts() if a.alert == "VerlAnswersCollapsed")
-    param = knobs(answers)["tokens"]
+    param = answers.knobs()["tokens"]
     knob = cb.propose_knob(spec, answers, "tokens", param, cb.Extreme(5.5, "r.jsonl", 3, 6.0, 10), 0.2)
     assert knob.changed and knob.proposed == 4.5  # 5.5 / 1.2 = 4.58, rounded down
     assert cb._round_loose(0.3123, ">") == 0.32 and cb._round_loose(1610612736 * 1.37, ">") == 2.3e9

@@ -13,7 +13,7 @@ from conftest import http_get, parse_metrics, sample, wait_for
 from verl_exporter import Monitor
 from verl_exporter.sidecar.control import ControlReader, ControlState
 from verl_exporter.spec import load_spec
-from verl_exporter.trainer.breaker import CircuitBreaker, Rule
+from verl_exporter.trainer.breaker import CircuitBreaker, judged_alerts
 
 TOKEN = "s3cr3t-control-token"
 
@@ -127,36 +127,66 @@ def test_monitor_hosts_its_own_control_endpoint():
 
 
 # ---------------------------------------------------------------------------- circuit breaker
-def test_rules_come_from_the_critical_alerts_of_the_spec():
-    rules = {(r.key, r.kind) for r in CircuitBreaker.from_spec(load_spec()).rules}
-    assert {("actor/grad_norm", "nonfinite"), ("actor/pg_loss", "nonfinite")} <= rules
-    detector = {(r.key, r.kind, r.source) for r in CircuitBreaker.from_spec(load_spec()).detector_rules}
-    assert ("score", "detector", "VerlRewardCollapse") in detector
+def test_the_breaker_judges_every_critical_alert_a_trainer_can_see():
+    judged, blind = judged_alerts(load_spec())
+    names = {a.alert for a in judged}
+    assert {"VerlNonFiniteGradNorm", "VerlNonFiniteLoss", "VerlRewardCollapse", "VerlAnswersCollapsed",
+            "VerlNumericalCollapse", "VerlTrainingStalled"} <= names
+    # what only the sidecar's collectors or Prometheus see, each with its reason
+    assert {"VerlGPULost", "VerlGPUXidCritical", "VerlExporterDown", "VerlCheckpointCorrupt"} <= set(blind)
+    assert "collector" in blind["VerlGPULost"] and "up" in blind["VerlExporterDown"]
+    assert not names & set(blind)
+    assert {a.alert for a in load_spec().alerts() if a.severity == "critical"} == names | set(blind)
 
 
-def test_breaker_trips_after_consecutive_critical_anomalies(tmp_path):
-    b = CircuitBreaker([Rule("actor/grad_norm", "nonfinite"), Rule("loss", "zscore", k=4)], window=20,
-                       min_samples=5, consecutive=3, report_dir=str(tmp_path))
-    for step in range(20):
-        assert b.observe(step, {"actor/grad_norm": 0.5, "loss": 1.0 + 0.01 * (step % 3)}) == ([], None)
-    assert b.observe(20, {"actor/grad_norm": None})[1] is None
-    assert b.observe(21, {"actor/grad_norm": 0.4})[1] is None  # a healthy step resets the streak
-    b.observe(22, {"actor/grad_norm": float("nan")})
-    b.observe(23, {"loss": 50.0})
-    anomalies, trip = b.observe(24, {"actor/grad_norm": float("inf"), "loss": 60.0})
-    assert trip is not None and trip.step == 24 and len(anomalies) == 2
-    z = next(a for a in anomalies if a.kind == "zscore")
-    assert z.z > 4 and z.mean == pytest.approx(1.0, abs=0.2)
-    report = json.loads((tmp_path / "verl-exporter-diagnosis-step24.json").read_text())
-    assert [s["step"] for s in report["streak"]] == [22, 23, 24]
-    assert report["resources"]["process_rss_bytes"] > 0
-    assert b.observe(25, {"actor/grad_norm": None})[1] is None  # trips once
+def test_a_nan_trips_the_breaker_at_once_as_the_pack_pages_it(tmp_path):
+    b = CircuitBreaker.from_spec(load_spec(), report_dir=str(tmp_path))
+    for step in range(1, 20):
+        assert b.observe(step, {"actor/grad_norm": 0.5, "actor/pg_loss": 0.1}, now=30.0 * step) == ([], None)
+    anomalies, trip = b.observe(20, {"actor/grad_norm": None, "actor/pg_loss": 0.1}, now=600.0)
+    assert trip is not None and trip.step == 20 and trip.alert == "VerlNonFiniteGradNorm"
+    assert [(a.alert, a.kind) for a in anomalies] == [("VerlNonFiniteGradNorm", "nonfinite")]
+    report = json.loads((tmp_path / "verl-exporter-diagnosis-step20.json").read_text())
+    assert report["alert"] == "VerlNonFiniteGradNorm" and report["resources"]["process_rss_bytes"] > 0
+    assert "VerlAnswersCollapsed" in report["judged"]
+    assert b.observe(21, {"actor/grad_norm": math.inf}, now=630.0)[1] is None  # trips once
 
 
-def test_breaker_ignores_strings_and_waits_for_its_window():
-    b = CircuitBreaker([Rule("x", "zscore", k=3)], window=10, min_samples=5, consecutive=1)
-    assert b.observe(1, {"x": 100.0})[0] == []  # too few samples to judge
-    assert b.observe(2, {"x": "n/a"})[0] == []
+def test_consecutive_asks_for_more_steps_than_the_alert_does():
+    b = CircuitBreaker.from_spec(load_spec(), consecutive=3)
+    trips = [b.observe(step, {"actor/grad_norm": None}, now=30.0 * step)[1] for step in range(1, 5)]
+    assert trips[:2] == [None, None] and trips[2].step == 3 and trips[3] is None
+    b = CircuitBreaker.from_spec(load_spec(), consecutive=3)
+    for step, grad in ((1, None), (2, 0.4), (3, None), (4, None)):  # a healthy step resets the count
+        assert b.observe(step, {"actor/grad_norm": grad}, now=30.0 * step)[1] is None
+
+
+def test_answers_collapsed_trips_after_its_for_on_the_steps_clock():
+    """1-token answers with the entropy gone: the condition the rule judges, held for its 10 minutes."""
+    b = CircuitBreaker.from_spec(load_spec())
+    healthy = {"response_length/mean": 400.0, "actor/entropy": 0.6, "critic/score/mean": 0.3,
+               "critic/score/min": -1.0, "timing_s/step": 60.0}
+    for step in range(1, 31):
+        assert b.observe(step, healthy, now=60.0 * step)[1] is None
+    collapsed = {**healthy, "response_length/mean": 1.0, "actor/entropy": 0.001}
+    trips = {step: b.observe(step, collapsed, now=60.0 * step)[1] for step in range(31, 45)}
+    first = min(step for step, t in trips.items() if t is not None)
+    assert first == 41 and trips[first].alert == "VerlAnswersCollapsed"  # held 31 -> 41: 10 minutes
+
+
+def test_a_stall_trips_on_the_clock_between_steps():
+    b = CircuitBreaker.from_spec(load_spec())
+    for step in range(1, 31):
+        b.observe(step, {"timing_s/step": 60.0, "actor/grad_norm": 0.5}, now=60.0 * step)
+    assert b.tick(now=1800.0 + 599) is None  # the longest step is 60 s: the floor of 600 s holds
+    trip = b.tick(now=1800.0 + 601)
+    assert trip is not None and trip.alert == "VerlTrainingStalled" and trip.step == 30
+    assert trip.anomalies[0].value == pytest.approx(601.0)
+
+
+def test_breaker_ignores_strings():
+    b = CircuitBreaker.from_spec(load_spec())
+    assert b.observe(1, {"actor/grad_norm": "n/a", "actor/pg_loss": "x"}) == ([], None)
 
 
 def test_monitor_breaker_requests_checkpoint_then_stop(tmp_path):
@@ -166,9 +196,10 @@ def test_monitor_breaker_requests_checkpoint_then_stop(tmp_path):
             m.log({"actor/grad_norm": math.nan, "actor/pg_loss": 0.1}, step=step)
         metrics = parse_metrics(http_get(m.url + "/metrics")[2].decode())  # the scrape drains the queue
         assert sample(metrics, "verl_exporter_breaker_trips_total") == 1
-        assert sample(metrics, "verl_exporter_breaker_anomalies_total", key="actor/grad_norm", kind="nonfinite") == 3
+        # a NaN pages at once (the rule has no `for`), so the breaker trips on the first; later steps are judged
+        assert sample(metrics, "verl_exporter_breaker_anomalies_total", alert="VerlNonFiniteGradNorm") == 3
         assert m.should_checkpoint() and m.should_stop()
-        assert "circuit breaker tripped at step 3" in m.control_reason
+        assert "circuit breaker tripped at step 1: VerlNonFiniteGradNorm" in m.control_reason
     finally:
         m.close()
 

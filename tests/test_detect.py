@@ -126,7 +126,7 @@ def test_breaker_uses_the_same_detectors_and_needs_two_signals_for_a_collapse():
                 score = 0.01
                 length = 5 if collapse_length else length
             anomalies, _ = b.observe(step, {"critic/score/mean": score, "response_length/mean": length})
-            hits += [(step, a.rule) for a in anomalies if a.kind == "detector"]
+            hits += [(step, a.alert) for a in anomalies if a.kind == "detector"]
         return hits
 
     assert run(collapse_length=False) == []

@@ -203,7 +203,7 @@ def spec_with_alert(**alert) -> dict:
     ({"severity": "page"}, "severity: must be one of"),
     ({"for": "five minutes"}, "Prometheus duration"),
     ({"threshold": "high"}, "threshold: must be a number"),
-    ({"threshold": None}, "a threshold alert needs a numeric threshold"),
+    ({"threshold": None}, "threshold: must be a number"),
     ({"description": "{{ $value }} raw"}, "may be used in annotations"),
     ({"inhibits": ["VerlNoSuchAlert"]}, "inhibits unknown alert"),
     ({"colour": "red"}, "alerts.0.colour: unknown key"),

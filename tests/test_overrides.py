@@ -26,7 +26,6 @@ from verl_exporter.spec.overrides import (
     load_overrides,
     parse_overrides,
 )
-from verl_exporter.spec.rules import knobs
 
 FIXTURES = REPO / "tests" / "fixtures" / "overrides"
 AGENTIC = FIXTURES / "agentic.yaml"
@@ -62,7 +61,7 @@ def test_the_readme_example_is_the_fixture_and_applies(spec):
     assert eff.rules.routing["training"] == {"critical": "agent-oncall", "warning": "agent-oncall",
                                              "info": "agent-oncall"}
     clip = alert(eff, "VerlResponseClipRatioHigh")
-    assert knobs(clip)["clip_ratio"].value == 0.32 and clip.for_ == "15m"
+    assert clip.knobs()["clip_ratio"].value == 0.32 and clip.for_ == "15m"
     assert clip.summary == "Over 32% of the latest step's responses hit the maximum response length."
     assert alert(eff, "VerlRewardDrop").k == 6
     assert {s.name: s.min_steps for s in eff.signals()}["score"] == 15
@@ -138,7 +137,7 @@ alerts:
 def test_yaml_1_2_floats_are_numbers(tmp_path, spec):
     path = write(tmp_path, "alerts:\n  VerlMemoryLeak: {thresholds: {growth_per_hour: 3e9}}\n")
     eff = apply_overrides(spec, load_overrides(path))
-    assert knobs(alert(eff, "VerlMemoryLeak"))["growth_per_hour"].value == 3e9
+    assert alert(eff, "VerlMemoryLeak").knobs()["growth_per_hour"].value == 3e9
 
 
 def test_an_empty_file_changes_nothing(tmp_path, spec):
@@ -196,10 +195,13 @@ def test_the_sidecar_detectors_and_the_breaker_read_the_same_knobs(tmp_path, spe
     eff = apply_overrides(spec, load_overrides(path))
     # the breaker: k of the detector rule, a new critical threshold rule, no rule for a disabled alert
     breaker = CircuitBreaker.from_spec(eff)
-    assert [r.k for r in breaker.detector_rules if r.source == "VerlRewardCollapse"] == [7]
-    assert [(r.key, r.threshold) for r in breaker.rules if r.source == "VerlPPOClipFractionHigh"] == \
-        [("actor/pg_clipfrac", 0.4)]
-    assert not [r for r in breaker.rules if r.source == "VerlNonFiniteLoss"]
+    judged = {a.alert: a for a in breaker.alerts}
+    assert judged["VerlRewardCollapse"].k == 7
+    assert judged["VerlPPOClipFractionHigh"].threshold == 0.4
+    assert "VerlNonFiniteLoss" not in judged
+    # the new critical threshold trips it on the key that feeds the metric, once held for its `for` (10m)
+    trips = [breaker.observe(step, {"actor/pg_clipfrac": 0.5}, now=300.0 * step)[1] for step in range(1, 5)]
+    assert trips[:2] == [None, None] and trips[2].alert == "VerlPPOClipFractionHigh" and trips[3] is None
     assert breaker.detectors.by_name["score"].spec.min_steps == 20
     # the sidecar's step-domain detectors: the score signal judges no step before 20 came before it
     detectors = Detectors.from_spec(eff)
@@ -226,7 +228,7 @@ def test_the_monitor_breaker_takes_the_overrides(tmp_path):
     path = write(tmp_path, "alerts:\n  VerlRewardCollapse: {thresholds: {k: 8}}\n")
     m = Monitor(sidecar_file=str(tmp_path / "m.jsonl"), breaker=True, overrides=str(path))
     try:
-        assert [r.k for r in m.breaker.detector_rules if r.source == "VerlRewardCollapse"] == [8]
+        assert [a.k for a in m.breaker.alerts if a.alert == "VerlRewardCollapse"] == [8]
     finally:
         m.close()
 
@@ -292,7 +294,7 @@ def _shift(duration: str, minutes: int) -> str:
 def _scaled(a, factor: float) -> dict[str, float]:
     from verl_exporter.spec.rules import in_range
 
-    return {n: p.value * factor for n, p in knobs(a).items() if p.value and in_range(p, p.value * factor)}
+    return {n: p.value * factor for n, p in a.knobs().items() if p.value and in_range(p, p.value * factor)}
 
 
 SWEEPS = {

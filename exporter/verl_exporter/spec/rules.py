@@ -80,8 +80,8 @@ class Param(StrictModel):
 
     value: float
     op: Literal[OPS] = Field(">", description="the watched quantity {op} value fires")
-    min: Number | None = None
-    max: Number | None = None
+    min: float | None = None
+    max: float | None = None
 
     @model_validator(mode="after")
     def _in_range(self) -> Param:

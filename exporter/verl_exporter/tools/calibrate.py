@@ -26,8 +26,8 @@ from pathlib import Path
 import yaml
 
 from ..spec import Spec
-from ..spec.overrides import LoadedOverrides, apply_overrides, is_hard_safety, parse_overrides
 from ..spec.kinds import Alert
+from ..spec.overrides import LoadedOverrides, apply_overrides, is_hard_safety, parse_overrides
 from ..spec.rules import Param, fmt_knob, in_range
 from . import replay as rp
 
