@@ -79,7 +79,7 @@ def test_calibrate_backtest_generate(spec, runs, tmp_path, capsys, monkeypatch):
     proposal = tmp_path / "verl-exporter.yaml"
     doc = yaml.safe_load(proposal.read_text())
     assert doc == {"version": 1, "alerts": {"VerlResponseClipRatioHigh": {"thresholds": {"clip_ratio": 0.32}}}}
-    assert "# default 0.2: clip ratio of a step, highest" in proposal.read_text()
+    assert "# default 0.2: clip_ratio held_min, highest" in proposal.read_text()
     eff = apply_overrides(spec, load_overrides(proposal))
     assert next(a for a in eff.alerts() if a.alert == "VerlResponseClipRatioHigh").knobs()["clip_ratio"].value == 0.32
 

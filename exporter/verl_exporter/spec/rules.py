@@ -82,6 +82,9 @@ class Param(StrictModel):
     op: Literal[OPS] = Field(">", description="the watched quantity {op} value fires")
     min: float | None = None
     max: float | None = None
+    quantity: str | None = Field(None, description="expr alerts: the PromQL (with <metric>, <sel> and knobs) of "
+                                                   "what the knob is compared with, where the rest holds; "
+                                                   "calibrate reads it")
 
     @model_validator(mode="after")
     def _in_range(self) -> Param:

@@ -16,10 +16,13 @@ alert that still fires is named with the reason calibrate could not silence it.
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,13 +31,14 @@ import yaml
 from ..spec import Spec
 from ..spec.kinds import Alert
 from ..spec.overrides import LoadedOverrides, apply_overrides, is_hard_safety, parse_overrides
-from ..spec.rules import Param, fmt_knob, in_range
+from ..spec.rules import Param, duration_seconds, fmt_knob, in_range
 from . import replay as rp
 
 MARGIN = 0.2
 
 # ---------------------------------------------------------------------------------------------- quantities
 Values = list[float | None]  # one value per scraped minute (None: no sample)
+QUANTITY = "calibrate:quantity"
 
 
 @dataclass
@@ -42,189 +46,71 @@ class Run:
     name: str
     samples: rp.Samples
 
-    def series(self, name: str, **labels: str) -> list[Values]:
-        """Every series of a metric whose labels include these, padded to the run's length."""
-        n = self.samples.length
-        out = []
-        for (metric, lab), values in self.samples.series.items():
-            if metric == name and labels.items() <= dict(lab).items():
-                out.append(list(values) + [None] * (n - len(values)))
-        return out
 
-    def one(self, name: str, **labels: str) -> Values:
-        found = self.series(name, **labels)
-        return found[0] if found else [None] * self.samples.length
-
-    def det(self, stat: str, signal: str) -> Values:
-        return self.one(f"verl_detector_{stat}", signal=signal)
-
-
-def _where(cond: Values, *values: Values, fn: Callable[..., float | None]) -> Values:
-    out: Values = []
-    for i, ok in enumerate(cond):
-        args = [v[i] for v in values]
-        out.append(fn(*args) if ok and all(a is not None for a in args) else None)
+def quantity_exprs(spec: Spec) -> dict[tuple[str, str], tuple[str, str, str]]:
+    """{(alert, knob): (PromQL of what the knob is compared with, in words, op)}: each kind's own
+    ``quantities`` (spec/kinds/), the extreme across series taken on the side that fires."""
+    out = {}
+    for alert in spec.alerts():
+        own = alert.knobs()
+        for knob, (expr, words) in alert.quantities(spec.rules.selector).items():
+            pick = "max" if own[knob].op in (">", ">=") else "min"
+            out[(alert.alert, knob)] = (f"{pick}({expr})", words, own[knob].op)
     return out
 
 
-def _zip(fn: Callable[..., float | None], *values: Values) -> Values:
-    return [fn(*args) if all(a is not None for a in args) else None for args in zip(*values, strict=True)]
+def quantities(spec: Spec, run: Run, exprs: dict[tuple[str, str], tuple[str, str, str]],
+               promtool: str | None = None) -> dict[tuple[str, str], Values]:
+    """Each quantity's value at every scraped minute of a replayed run, by promtool over the spec's recording
+    rules (the replay engine's evaluation path: the same series, the same rule engine as the alerts)."""
+    from ..render.rules import render_rules
+
+    promtool = promtool or shutil.which("promtool")
+    if promtool is None:
+        raise RuntimeError("promtool is not installed (Debian: apt-get install prometheus)")
+    keys = sorted(exprs)
+    minutes = run.samples.length
+    out: dict[tuple[str, str], Values] = {k: [None] * minutes for k in keys}
+    with tempfile.TemporaryDirectory(prefix="verl-exporter-calibrate-") as tmp:
+        recording = Path(tmp) / "verl-recording.yaml"
+        recording.write_text(render_rules(spec)["rules/verl-recording.yaml"], encoding="utf-8")
+        rules = [{"record": QUANTITY, "expr": f'label_replace({exprs[k][0]}, "knob", "{i}", "", "")'}
+                 for i, k in enumerate(keys)]
+        (Path(tmp) / "quantities.yaml").write_text(json.dumps({"groups": [{"name": "calibrate", "rules": rules}]}))
+        doc = {"rule_files": [str(recording), str(Path(tmp) / "quantities.yaml")], "evaluation_interval": "1m",
+               "group_eval_order": [g["name"] for g in _groups(recording)] + ["calibrate"],
+               "tests": [{"interval": "1m",
+                          "input_series": [{"series": _series_name(n, lab),
+                                            "values": rp.series_text(v + [None] * (minutes - len(v)))}
+                                           for (n, lab), v in run.samples.series.items()],
+                          "promql_expr_test": [{"expr": QUANTITY, "eval_time": f"{m}m", "exp_samples": []}
+                                               for m in range(minutes)]}]}
+        test = Path(tmp) / "calibrate-test.yaml"
+        test.write_text(json.dumps(doc))
+        proc = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True)
+    minute, answered = 0, False
+    for line in (proc.stdout + proc.stderr).splitlines():
+        m = re.match(r'\s*expr: .*, time: ([0-9hms.]+),?\s*$', line)
+        if m:
+            answered = True
+            minute = int(duration_seconds(m.group(1).replace(".", "")) // 60)
+            continue
+        for i, value in re.findall(r'knob="(\d+)"[^}]*\} ([^\s,\]]+)', line):
+            if minute < minutes:
+                out[keys[int(i)]][minute] = float(value)
+    if proc.returncode != 0 and not answered:
+        raise RuntimeError(f"promtool failed: {(proc.stdout + proc.stderr)[-4000:]}")
+    return out
 
 
-def _gt(values: Values, line: float) -> list[bool]:
-    return [v is not None and v > line for v in values]
+def _groups(path: Path) -> list[dict]:
+    from ..core.models import read_yaml
+
+    return read_yaml(path)[0]["groups"]
 
 
-def _lt(values: Values, line: float) -> list[bool]:
-    return [v is not None and v < line for v in values]
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
-
-
-def _detector(run: Run, signal: str, direction: str, k: float, change: float) -> tuple[Values, Values]:
-    """(the sustained z-score where the change gate passes, the relative change beyond the trend where the
-    z-score passes), both signed so that larger means more deviating."""
-    zs: list[Values] = []
-    rels: list[Values] = []
-    for d in (("down", "up") if direction == "both" else (direction,)):
-        z = run.det("sustained_drop_zscore" if d == "down" else "sustained_rise_zscore", signal)
-        rel = run.det("relative_change", signal)
-        signed = [None if r is None else (-r if d == "down" else r) for r in rel]
-        gate = _gt(signed, change) if change else [True] * len(z)
-        zs.append(_where(gate, z, fn=lambda x: x))
-        rels.append(_where(_gt(z, k), signed, fn=lambda x: x))
-    return ([_max(*xs) for xs in zip(*zs, strict=True)], [_max(*xs) for xs in zip(*rels, strict=True)])
-
-
-def _max(*xs: float | None) -> float | None:
-    return max((x for x in xs if x is not None), default=None)
-
-
-def _detector_knobs(run: Run, alert: Alert, values: dict[str, float]) -> dict[str, Values]:
-    """k of a detector alert: its sustained z-score where its change gate and a confirming signal also pass."""
-    z, _ = _detector(run, alert.signal, alert.direction, alert.k, alert.change)
-    if alert.confirm:
-        confirmed = [False] * len(z)
-        for c in alert.confirm:
-            cz, _ = _detector(run, c.signal, c.direction, c.k, c.change)
-            confirmed = [a or (b is not None and b > c.k) for a, b in zip(confirmed, cz, strict=True)]
-        z = _where(confirmed, z, fn=lambda x: x)
-    return {"k": z}
-
-
-def _threshold(run: Run, spec: Spec, alert: Alert) -> dict[str, Values]:
-    if alert.aggregate or alert.metric not in spec:
-        return {}
-    from ..spec.rules import equality_matchers
-
-    found = run.series(alert.metric, **equality_matchers(alert.matchers))
-    if not found:
-        return {}
-    pick = max if alert.op in (">", ">=") else min
-    return {"threshold": [pick((s[i] for s in found if s[i] is not None), default=None)
-                          for i in range(len(found[0]))]}
-
-
-def _entropy_blowup(run: Run, v: dict[str, float]) -> dict[str, Values]:
-    z, _ = _detector(run, "entropy", "up", v["k"], v["change"])
-    return {"ratio": _zip(_ratio, run.det("level", "entropy"), run.det("floor_level", "entropy")), "k": z}
-
-
-def _kl(run: Run, v: dict[str, float]) -> dict[str, Values]:
-    return {"kl_loss": run.det("held_min", "kl_loss"), "kl_penalty": run.det("held_min", "kl_penalty")}
-
-
-def _kl_drift(run: Run, v: dict[str, float]) -> dict[str, Values]:
-    a, _ = _detector(run, "kl_loss", "up", v["k"], v["change"])
-    b, _ = _detector(run, "kl_penalty", "up", v["k"], v["change"])
-    return {"k": [_max(*xs) for xs in zip(a, b, strict=True)]}
-
-
-def _reward_decline(run: Run, v: dict[str, float]) -> dict[str, Values]:
-    peak, level, spread = run.det("peak_level", "score"), run.det("level", "score"), run.det("spread", "score")
-    drop = _zip(lambda p, lv: p - lv, peak, level)
-    share_ok = [d is not None and p is not None and d > v["share"] * abs(p) + 0.05 for d, p in zip(drop, peak,
-                                                                                                  strict=True)]
-    return {"spreads": _where(share_ok, drop, spread, fn=_ratio)}
-
-
-def _memory_leak(run: Run, v: dict[str, float]) -> dict[str, Values]:
-    out: Values = [None] * run.samples.length
-    for sig in ("memory_reserved", "memory_allocated"):
-        above = _zip(lambda lv, f: lv - f, run.det("level", sig), run.det("floor_level", sig))
-        rate = _where(_gt(above, v["above_lowest"]), run.det("slope_per_second", sig), fn=lambda s: s * 3600)
-        out = [_max(*xs) for xs in zip(out, rate, strict=True)]
-    return {"growth_per_hour": out}
-
-
-def _answers_collapsed(run: Run, v: dict[str, float]) -> dict[str, Values]:
-    length = run.one("verl_response_length_tokens", stat="mean", subset="all")
-    entropy = run.one("verl_actor_entropy")
-    low_score = _zip(lambda m, lo: 1.0 if m <= lo else None, run.one("verl_critic_score", stat="mean"),
-                     run.one("verl_critic_score", stat="min"))
-    gate = [(e is not None and e < v["entropy"]) or s is not None for e, s in zip(entropy, low_score, strict=True)]
-    return {"tokens": _where(gate, length, fn=lambda x: x)}
-
-
-def _numerical_collapse(run: Run, v: dict[str, float]) -> dict[str, Values]:
-    rel = run.det("relative_change", "response_length")
-    return {"aborted": _where(_lt(rel, -v["length_drop"]), run.det("held_min", "aborted"), fn=lambda x: x)}
-
-
-# What each expr alert's knobs are compared with (detector, threshold and adaptive kinds are generic). A knob
-# not listed (a change gate, an AND-ed second line) keeps its value: calibrate moves the first line only.
-EXPR_QUANTITIES: dict[str, Callable[[Run, dict[str, float]], dict[str, Values]]] = {
-    "VerlEntropyBlowUp": _entropy_blowup,
-    "VerlHighKLDivergence": _kl,
-    "VerlKLDivergenceVeryHigh": _kl,
-    "VerlKLDrift": _kl_drift,
-    "VerlGradNormSpike": lambda run, v: {"ratio": run.det("spike_ratio", "grad_norm")},
-    "VerlGradNormGrowing": lambda run, v: {"ratio": _zip(_ratio, run.det("level", "grad_norm"),
-                                                         run.det("floor_level", "grad_norm"))},
-    "VerlRewardDecline": _reward_decline,
-    "VerlResponseClipRatioHigh": lambda run, v: {"clip_ratio": run.det("held_min", "clip_ratio")},
-    "VerlEmptyResponses": lambda run, v: {"aborted": run.det("held_min", "aborted")},
-    "VerlMemoryLeak": _memory_leak,
-    "VerlAnswersCollapsed": _answers_collapsed,
-    "VerlNumericalCollapse": _numerical_collapse,
-}
-# What the quantity is, for the report.
-WHAT = {
-    ("VerlEntropyBlowUp", "ratio"): "entropy level / its lowest level",
-    ("VerlEntropyBlowUp", "k"): "entropy sustained rise (spreads) past the change gate",
-    ("VerlHighKLDivergence", "kl_loss"): "KL loss held 3 steps", ("VerlHighKLDivergence", "kl_penalty"):
-        "in-reward KL held 3 steps", ("VerlKLDivergenceVeryHigh", "kl_loss"): "KL loss held 3 steps",
-    ("VerlKLDivergenceVeryHigh", "kl_penalty"): "in-reward KL held 3 steps",
-    ("VerlKLDrift", "k"): "KL sustained rise (spreads) past the change gate",
-    ("VerlGradNormSpike", "ratio"): "grad norm / its window's largest", ("VerlGradNormGrowing", "ratio"):
-        "grad-norm level / its lowest level", ("VerlRewardDecline", "spreads"): "score fall from its best (spreads)",
-    ("VerlResponseClipRatioHigh", "clip_ratio"): "clip ratio of a step", ("VerlEmptyResponses", "aborted"):
-        "empty-response ratio held 2 steps", ("VerlMemoryLeak", "growth_per_hour"): "peak memory growth, bytes/h",
-    ("VerlAnswersCollapsed", "tokens"): "mean answer length (with entropy gone or score at its minimum)",
-    ("VerlNumericalCollapse", "aborted"): "empty-response ratio while lengths fall",
-}
-
-
-def quantities(spec: Spec, alert: Alert, run: Run) -> dict[str, Values]:
-    """{knob: the value it is compared with, each scraped minute} for the knobs calibrate reads."""
-    values = {name: p.value for name, p in alert.knobs().items()}
-    if alert.kind == "detector":
-        return _detector_knobs(run, alert, values)
-    if alert.kind == "threshold":
-        return _threshold(run, spec, alert)
-    fn = EXPR_QUANTITIES.get(alert.alert) if alert.kind == "expr" else None
-    return fn(run, values) if fn else {}
-
-
-def describe(alert: Alert, knob: str) -> str:
-    if (alert.alert, knob) in WHAT:
-        return WHAT[(alert.alert, knob)]
-    if alert.kind == "detector":
-        return f"{alert.signal} sustained {'drop' if alert.direction == 'down' else 'rise'} (spreads)" + \
-            (" past the change gate" if alert.change else "") + (" with a confirming signal" if alert.confirm else "")
-    return f"{alert.metric} ({alert.op} line)"
+def _series_name(name: str, labels: tuple[tuple[str, str], ...]) -> str:
+    return f"{name}{{{', '.join(f'{k}={chr(34)}{v}{chr(34)}' for k, v in labels)}}}"
 
 
 # ---------------------------------------------------------------------------------------------- proposal
@@ -282,8 +168,8 @@ def _round_loose(value: float, op: str) -> float:
     return float(fmt_knob(q * scale))
 
 
-def propose_knob(spec: Spec, alert: Alert, knob: str, param: Param, ext: Extreme | None, margin: float) -> Knob:
-    what = describe(alert, knob)
+def propose_knob(spec: Spec, alert: Alert, knob: str, param: Param, ext: Extreme | None, margin: float,
+                 what: str = "") -> Knob:
     up = param.op in (">", ">=")
     k = Knob(alert.alert, knob, param.value, param.value, param.op, what, "")
     if ext is None:
@@ -364,14 +250,15 @@ def calibrate(paths: list[str], spec: Spec, base: LoadedOverrides | None = None,
                             progress=progress(name) if progress else None)
         runs.append(Run(name, samples))
     result = Calibration([r.name for r in runs], margin, [], base)
-    for alert in eff.alerts():
-        own = alert.knobs()
-        per_knob: dict[str, list[tuple[Run, Values]]] = {}
-        for run in runs:
-            for knob, values in quantities(eff, alert, run).items():
-                per_knob.setdefault(knob, []).append((run, values))
-        for knob, per_run in per_knob.items():
-            result.knobs.append(propose_knob(eff, alert, knob, own[knob], _extreme(own[knob].op, per_run), margin))
+    # the replayed series are the replay engine's (job="verl"), whatever selector the overrides give the rules
+    replayed = apply_overrides(eff, {"version": 1, "global": {"selector": f'job="{rp.JOB}"'}})
+    exprs = quantity_exprs(replayed)
+    per_run = [(run, quantities(replayed, run, exprs)) for run in runs]
+    alerts = {a.alert: a for a in eff.alerts()}
+    for (name, knob), (_, words, op) in exprs.items():
+        alert = alerts[name]
+        ext = _extreme(op, [(run, values[(name, knob)]) for run, values in per_run])
+        result.knobs.append(propose_knob(eff, alert, knob, alert.knobs()[knob], ext, margin, words))
     return result, runs
 
 

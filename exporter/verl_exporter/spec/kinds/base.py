@@ -115,6 +115,11 @@ class AlertBase(StrictModel):
         """The alert's $value if its condition holds now (before its `for`), else None."""
         return None
 
+    def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
+        """{knob: (the PromQL of what it is compared with, where the rest of the condition holds; what that
+        is, in words)}: what calibrate reads on healthy runs."""
+        return {}
+
     # ------------------------------------------------------------------ the same for every kind
     @property
     def metric(self) -> str:

@@ -69,6 +69,11 @@ class Term(StrictModel):
     def knob_names(self) -> set[str]:
         return _names(self.times)
 
+    def words(self) -> str:
+        if self.signal:
+            return f"{self.signal} {self.stat}"
+        return self.metric + (f"{{{', '.join(f'{k}={v}' for k, v in self.labels.items())}}}" if self.labels else "")
+
 
 class Compare(Term):
     """``<term> op than``: than is a number, a knob expression or another term."""
@@ -93,6 +98,21 @@ class Compare(Term):
 
     def terms(self) -> list[Term]:
         return [self, self.than] if isinstance(self.than, Term) else [self]
+
+    def quantity(self, sel: str, knobs: dict[str, float]) -> tuple[str, str, str] | None:
+        """(knob, the PromQL the knob is compared with, in words) when ``than`` is a knob (``x``, ``-x``) or a
+        term times a knob; None otherwise."""
+        left = Term.promql(self, sel, knobs)
+        than = self.than
+        if isinstance(than, str) and than.strip().isidentifier():
+            return than.strip(), left, self.words()
+        if isinstance(than, str) and than.strip().startswith("-") and than.strip()[1:].strip().isidentifier():
+            return than.strip()[1:].strip(), f"-({left})", f"-{self.words()}"
+        if isinstance(than, Term) and than.times and than.times.strip().isidentifier():
+            plain = than.model_copy(update={"times": None})
+            on = "" if than.identity() == self.identity() else f"{JOIN} "
+            return than.times.strip(), f"{left} / {on}{plain.promql(sel, knobs)}", f"{self.words()} / {plain.words()}"
+        return None
 
     def knob_names(self) -> set[str]:
         names = super().knob_names()
@@ -205,3 +225,25 @@ class ConditionAlert(WithParams, WithTest, AlertBase):
 
     def judge(self, view: StepView) -> float | None:
         return self.when.judge(view, self.knob_values())
+
+    def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
+        """Each knob's side of its comparison, where the comparisons it is AND-ed with hold."""
+        knobs, out = self.knob_values(), {}
+
+        def walk(node: Node, gates: list[Node]) -> None:
+            if isinstance(node, Compare):
+                found = node.quantity(sel, knobs)
+                if found and found[0] not in out:
+                    name, text, words = found
+                    for g in gates:
+                        text += f" and {JOIN} ({g.promql(sel, knobs)})"
+                    out[name] = (text, words + (" where the rest holds" if gates else ""))
+            elif isinstance(node, AllOf):
+                for c in node.all:
+                    walk(c, gates + [o for o in node.all if o is not c])
+            else:
+                for c in node.any:
+                    walk(c, gates)
+
+        walk(self.when, [])
+        return out

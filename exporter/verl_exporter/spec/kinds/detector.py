@@ -31,11 +31,12 @@ def _stat(d: str) -> str:
     return "sustained_drop_zscore" if d == "down" else "sustained_rise_zscore"
 
 
-def deviation(signal: str, direction: str, k: float, change: float, sel: str) -> str:
-    """A sustained deviation of one signal, from the gauges the detectors export; its value is the z-score."""
+def deviation(signal: str, direction: str, k: float | None, change: float, sel: str) -> str:
+    """A sustained deviation of one signal, from the gauges the detectors export; its value is the z-score
+    (k None: the z-score wherever the change gate passes, what calibrate compares k with)."""
     parts = []
     for d in _directions(direction):
-        cond = f"{detector_gauge(_stat(d), signal, sel)} > {num(k)}"
+        cond = detector_gauge(_stat(d), signal, sel) + ("" if k is None else f" > {num(k)}")
         if change:
             cmp, ch = ("<", -change) if d == "down" else (">", change)
             cond += f" and {JOIN} {detector_gauge('relative_change', signal, sel)} {cmp} {num(ch)}"
@@ -77,12 +78,17 @@ class DetectorAlert(AlertBase):
     def breaker_signals(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([self.signal, *[c.signal for c in self.confirm]]))
 
-    def promql(self, sel: str) -> str:
-        main = deviation(self.signal, self.direction, self.k, self.change, sel)
+    def promql(self, sel: str, k: float | None | str = "own") -> str:
+        main = deviation(self.signal, self.direction, self.k if k == "own" else k, self.change, sel)
         if not self.confirm:
             return main
         others = " or ".join(f"({deviation(*c, sel)})" for c in self.confirms())
         return f"({main}) and {JOIN} ({others})"
+
+    def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
+        what = f"{self.signal} sustained {'drop' if self.direction == 'down' else 'rise'} (spreads)" + \
+            (" past the change gate" if self.change else "") + (" with a confirming signal" if self.confirm else "")
+        return {"k": (self.promql(sel, k=None), what)}
 
     def test_case(self, spec) -> dict:
         """The detector's gauges of the signal (and of the first confirming signal) move from normal to a

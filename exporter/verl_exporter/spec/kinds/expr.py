@@ -55,6 +55,11 @@ class ExprAlert(WithParams, WithTest, AlertBase):
     def test_case(self, spec) -> dict:
         return promtool.explicit_case(spec, self)
 
+    def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
+        knobs = self.knob_values()
+        return {name: (fill(fill_knobs(p.quantity, knobs), self.metric, sel), " ".join(p.quantity.split()))
+                for name, p in self.params.items() if p.quantity}
+
     def signals(self) -> tuple[str, ...]:
         found: list[str] = []
         for group in SIGNAL_MATCHER_RE.findall(self.expr):

@@ -27,8 +27,14 @@ class StaleAlert(AlertBase):
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
         return {"threshold": values["threshold"]} if "threshold" in values else {}
 
+    def _age(self, sel: str) -> str:
+        return f"time() - {vector(self.metric, sel, self.matchers.strip('{} '))}"
+
     def promql(self, sel: str) -> str:
-        return f"time() - {vector(self.metric, sel, self.matchers.strip('{} '))} > {num(self.threshold)}"
+        return f"{self._age(sel)} > {num(self.threshold)}"
+
+    def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
+        return {"threshold": (self._age(sel), f"seconds since {self.metric}")}
 
     def test_case(self, spec) -> dict:
         """A unix-time gauge that advances with time, then stops: its age grows past the threshold."""

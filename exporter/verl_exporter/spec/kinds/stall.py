@@ -53,8 +53,5 @@ class StallAlert(WithTest, AlertBase):
             return None
         age = view.now - view.last_step_at
         pace = view.stat(self.signal, self.stat)
-        if pace is None:
-            limit = self.before_baseline
-        else:
-            limit = max(self.factor * pace, self.at_least)
+        limit = self.before_baseline if pace is None else max(self.factor * pace, self.at_least)
         return age if limit is not None and age > limit else None

@@ -51,11 +51,15 @@ class ThresholdAlert(AlertBase):
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
         return {"threshold": values["threshold"]} if "threshold" in values else {}
 
-    def promql(self, sel: str) -> str:
+    def _series(self, sel: str) -> str:
         inner = vector(self.metric, sel, self.matchers.strip("{} "))
-        if self.aggregate:
-            inner = f"{self.aggregate} ({inner})"
-        return f"{inner} {self.op} {num(self.threshold)}"
+        return f"{self.aggregate} ({inner})" if self.aggregate else inner
+
+    def promql(self, sel: str) -> str:
+        return f"{self._series(sel)} {self.op} {num(self.threshold)}"
+
+    def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
+        return {"threshold": (self._series(sel), f"{self.metric} ({self.op} line)")}
 
     def _bad_and_ok(self) -> tuple[float, float]:
         t = float(self.threshold)
