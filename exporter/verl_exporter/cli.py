@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="list every knob (default, effective value, where it came from) instead of the metrics; "
                            "implied by --overrides")
     spec.add_argument("--changed", action="store_true", help="with --knobs: only the knobs the overrides change")
+    spec.add_argument("--breaker", action="store_true",
+                      help="list the critical alerts: which the in-process circuit breaker judges, and why not the "
+                           "others (with --overrides: of the effective spec)")
 
     gen = sub.add_parser("generate", help="render rules, tests, dashboards, Alertmanager and Kubernetes files")
     gen.add_argument("--out", default=".", metavar="DIR", help="repository root to write into (default .)")
@@ -273,6 +276,8 @@ def _load_spec(path):
 
 
 def cmd_spec(args) -> int:
+    if args.breaker:
+        return _cmd_breaker(args)
     if args.knobs or args.overrides is not None or args.changed:
         return _cmd_knobs(args)
     spec = _load_spec(args.spec)
@@ -296,6 +301,29 @@ def cmd_spec(args) -> int:
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=False)) + "  " + row[5])
     print(f"\n{len(spec.metrics)} metrics; target labels: {', '.join(spec.target_labels)}")
+    return 0
+
+
+def _cmd_breaker(args) -> int:
+    from .trainer.breaker import judged_alerts
+
+    eff, _ = _load_effective(args.spec, args.overrides)
+    if eff is None:
+        return 1
+    judged, blind = judged_alerts(eff)
+    if args.json:
+        json.dump({"judged": [{"alert": a.alert, "kind": a.kind, "for": a.for_} for a in judged],
+                   "not_judged": [{"alert": name, "why": why} for name, why in blind.items()]}, sys.stdout, indent=2)
+        print()
+        return 0
+    width = max((len(a.alert) for a in judged), default=5)
+    print("judged by the breaker (trips when one fires, as the pack would page it):")
+    for a in judged:
+        print(f"  {a.alert:<{width}}  {a.kind:<9}  for {a.for_}")
+    print("not judged (Prometheus pages them; a trainer process cannot see what they watch):")
+    for name, why in blind.items():
+        print(f"  {name}: {why}")
+    print(f"\n{len(judged)} of {len(judged) + len(blind)} critical alerts judged in process")
     return 0
 
 
