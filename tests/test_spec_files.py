@@ -74,6 +74,19 @@ def test_a_metric_declared_in_two_files_names_both(tmp_path):
                                 f"twice (first at {first}:{line_of(first, 'verl_x')})"]
 
 
+def test_a_recording_declared_in_two_files_names_both(tmp_path):
+    record = [{"record": "job:verl_a:doubled", "expr": "2 * <metric>{<sel>}"}]
+    _, first, second = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1},
+        "10-a.yaml": {"metrics": [metric("verl_a", record=record)]},
+        "20-b.yaml": {"metrics": [metric("verl_b", record=[{**record[0], "expr": "3 * <metric>{<sel>}"}])]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{second}:{line_of(second, 'job:verl_a')}: metrics.0.record.0: recording "
+                                f"'job:verl_a:doubled' is declared twice (first at {first}:{line_of(first, 'job:')})"]
+
+
 def test_an_alert_declared_in_two_files_and_an_inhibit_of_one_in_another_file(tmp_path):
     alert = {"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1, "summary": "S.",
              "description": "D."}

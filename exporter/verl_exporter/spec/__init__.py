@@ -515,11 +515,12 @@ class _Part:
 def _read(path: str | Path | None) -> tuple[list[_Part], str]:
     """(the files of a spec, its origin): a file, or a directory's *.yaml in name order."""
     if path is None:
+        origin, parts = f"packaged spec {DEFAULT_SPEC}", []
         folder = resources.files(__name__).joinpath(DEFAULT_SPEC)
-        files = sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name)
-        return [_Part(f"packaged spec {DEFAULT_SPEC}/{f.name}",
-                      *parse_yaml(f.read_text(encoding="utf-8"), f"packaged spec {DEFAULT_SPEC}/{f.name}", SpecError))
-                for f in files], f"packaged spec {DEFAULT_SPEC}"
+        for f in sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name):
+            name = f"{origin}/{f.name}"
+            parts.append(_Part(name, *parse_yaml(f.read_text(encoding="utf-8"), name, SpecError)))
+        return parts, origin
     if Path(path).is_dir():
         files = sorted(Path(path).glob("*.yaml"))
         if not files:
@@ -581,12 +582,12 @@ def _first_declared(parts: list[_Part], part: _Part, at: tuple, message: str) ->
     twice = re.fullmatch(r"\w+ '(.+)' is declared twice", message)
     if not twice:
         return ""
-    name, entry = twice.group(1), _value(part.doc, at)
-    here = at if entry == name or not isinstance(entry, dict) else \
-        (*at, next((k for k, v in entry.items() if v == name), None))
+    name = twice.group(1)
+    if isinstance(entry := _value(part.doc, at), dict):  # reported at its entry (a recording): the key naming it
+        at = (*at, next((k for k, v in entry.items() if v == name), ""))
     for other in parts:
         for path in other.lines:
-            if path[-1] == here[-1] and (other, path) != (part, here) and _value(other.doc, path) == name:
+            if path[-1] == at[-1] and (other, path) != (part, at) and _value(other.doc, path) == name:
                 return f" (first at {where(other.origin, other.lines, path)})"
     return ""
 
@@ -594,21 +595,21 @@ def _first_declared(parts: list[_Part], part: _Part, at: tuple, message: str) ->
 def _parse(parts: list[_Part], origin: str) -> Spec:
     """Validate a spec's files as one document and build the Spec; each problem names its own file and line."""
     doc, locate = _merge(parts, origin)
-    rank = {id(p): i for i, p in enumerate(parts)}.get  # file order; a problem of no one file first
+    rank = {p: i for i, p in enumerate(parts)}.get  # file order; a problem of no one file first
     try:
         model = SpecFile.model_validate(doc)
     except ValidationError as e:
         by_part: dict[_Part, list[dict]] = {}
         for err in e.errors():
             by_part.setdefault(locate(err["loc"])[0], []).append(err)
-        raise SpecError([text for part in sorted(by_part, key=lambda p: rank(id(p), -1))
+        raise SpecError([text for part in sorted(by_part, key=lambda p: rank(p, -1))
                          for text in problems(by_part[part], part.origin, part.lines, _hint,
                                               lambda loc: locate(loc)[1])], origin) from None
     found = []
     for path, message in model.cross_problems():
         part, at = locate(path)
         text = f"{where(part.origin, part.lines, at)}: {'.'.join(map(str, at))}: {message}"
-        found.append((rank(id(part), -1), _line_of(text), text + _first_declared(parts, part, at, message)))
+        found.append((rank(part, -1), _line_of(text), text + _first_declared(parts, part, at, message)))
     if found:
         raise SpecError([text for *_, text in sorted(found)], origin)
     return model.to_spec()
