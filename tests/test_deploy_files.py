@@ -331,7 +331,7 @@ def test_dockerfile_installs_the_package_from_files_the_build_context_keeps():
     for path in [".git/config", ".venv/bin/python", "tests/conftest.py", "bench/x.py", "exporter/x/__pycache__/y.pyc",
                  "exporter/verl_exporter.egg-info/PKG-INFO"]:
         assert ignored(path), f"{path} would be sent to the build"
-    assert not ignored("exporter/verl_exporter/spec/metrics.yaml")
+    assert not ignored("exporter/verl_exporter/spec/metrics/00-spec.yaml")
 
 
 def test_the_build_context_is_enough_to_build_the_package(tmp_path):
@@ -351,7 +351,9 @@ def test_the_build_context_is_enough_to_build_the_package(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = (tmp_path / "dist").glob("verl_exporter-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("verl_exporter/cli.py", "verl_exporter/spec/metrics.yaml", "verl_exporter/tools/replay.py"):
+    spec_files = [p.relative_to(REPO / "exporter").as_posix()
+                  for p in (REPO / "exporter/verl_exporter/spec/metrics").glob("*.yaml")]
+    for needed in ("verl_exporter/cli.py", *spec_files, "verl_exporter/tools/replay.py"):
         assert needed in names, f"{needed} missing from the wheel built from the image's context"
     assert any(n.startswith("verl_exporter/render/templates/") for n in names)
 

@@ -4,6 +4,7 @@ VerlAnswersCollapsed was dropped without a word."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,15 @@ PACKAGED_SPEC = Path(spec_pkg.__file__).parent / DEFAULT_SPEC
 
 
 def test_the_spec_bug_it_would_have_caught(tmp_path):
-    text = PACKAGED_SPEC.read_text(encoding="utf-8")
     anchor = "        inhibits: [VerlRewardDrop, VerlRewardDecline, VerlAnswersCollapsed]\n"
+    shutil.copytree(PACKAGED_SPEC, tmp_path / "spec")
+    (path,) = [p for p in (tmp_path / "spec").glob("*.yaml") if anchor in p.read_text(encoding="utf-8")]
+    text = path.read_text(encoding="utf-8")
     assert text.count(anchor) == 1
     first_line = text[: text.index(anchor)].count("\n") + 1
-    path = tmp_path / "metrics.yaml"
     path.write_text(text.replace(anchor, anchor + "        inhibits: [VerlRewardDrop]\n"), encoding="utf-8")
     with pytest.raises(FileError) as e:
-        load_spec(path)
+        load_spec(tmp_path / "spec")
     assert e.value.problems == [
         f"{path}:{first_line + 1}: metrics.{_index_of(text, anchor)}.alerts.{_alert_index(text, anchor)}.inhibits: "
         f"duplicate key (first at line {first_line}); YAML would keep only this one"]

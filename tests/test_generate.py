@@ -15,7 +15,7 @@ from conftest import REPO, require_tool
 from verl_exporter.render import generate, render_all
 from verl_exporter.render.promql import all_recordings
 from verl_exporter.render.rule_tests import expand, go_printf
-from verl_exporter.spec import SpecError, load_spec, parse_spec
+from verl_exporter.spec import SpecError, load_spec, parse_spec, spec_document
 
 SPEC = load_spec()
 METRIC_RE = re.compile(r"\b((?:[a-z_]+:)?verl_[a-z0-9_]+(?::[a-z0-9_]+)?)\b")
@@ -190,7 +190,7 @@ def test_dashboards_cover_what_the_issue_asks_for():
 
 # ---------------------------------------------------------------------------- the alert part of the spec
 def spec_with_alert(**alert) -> dict:
-    doc = yaml.safe_load((REPO / "exporter/verl_exporter/spec/metrics.yaml").read_text())
+    doc = spec_document()
     entry = next(m for m in doc["metrics"] if m["name"] == "verl_actor_entropy")
     entry["alerts"] = [{"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1,
                         "summary": "S.", "description": "D.", **alert}]
@@ -253,8 +253,8 @@ def test_spec_text_reaches_the_yaml_exactly_whatever_it_holds():
     from verl_exporter.render.rules import ALERTS_FILE, render_rules
 
     metric = next(m for m in SPEC.metrics if m.alerts)
-    alert = replace(metric.alerts[0], summary="*" + NASTY, description=NASTY,
-                    labels={**metric.alerts[0].labels, "team": NASTY})
+    alert = metric.alerts[0].model_copy(update={"summary": "*" + NASTY, "description": NASTY,
+                                                "labels": {**metric.alerts[0].labels, "team": NASTY}})
     changed = replace(metric, alerts=(alert, *metric.alerts[1:]))
     spec = replace(SPEC, metrics=tuple(changed if m is metric else m for m in SPEC.metrics),
                    by_name={**SPEC.by_name, metric.name: changed})
@@ -276,7 +276,7 @@ def _write_rules(root, files: dict[str, str]) -> None:
 
 def spec_adding_alert(**alert) -> dict:
     """The packaged spec with one more threshold alert, VerlX (entropy above 1), on verl_actor_entropy."""
-    doc = yaml.safe_load((REPO / "exporter/verl_exporter/spec/metrics.yaml").read_text())
+    doc = spec_document()
     entry = next(m for m in doc["metrics"] if m["name"] == "verl_actor_entropy")
     entry["alerts"].append({"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1,
                             "summary": "S.", "description": "D.", **alert})

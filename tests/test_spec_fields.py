@@ -5,7 +5,7 @@ but consumed by nothing (as keep_firing_for once was: in the schema, copied into
 renderer) fails here.
 
 How "consumed" is found, by reading the package's source (templates included):
-* an entry field (a key of metrics.yaml) is read by its entry's converter (``to_alert``, ``to_metric``, ...)
+* an entry field (a key of a spec file) is read by its entry's converter (``to_alert``, ``to_metric``, ...)
   as ``.<field>``, or its entry is converted whole into a dataclass that has a field of that name;
 * a dataclass field, or a field of a model used at runtime, is read as ``.<field>`` somewhere outside the
   entry classes (whose converters only write the dataclasses) and outside every validator (which only checks

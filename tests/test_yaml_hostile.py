@@ -139,7 +139,8 @@ def test_a_syntax_error_names_the_file_and_line():
 
 def test_the_files_the_pack_ships_load_with_the_loader():
     root = Path(__file__).resolve().parent.parent
-    shipped = [root / "exporter/verl_exporter/spec/metrics.yaml", root / "alertmanager/alertmanager.yml",
+    shipped = [*sorted((root / "exporter/verl_exporter/spec/metrics").glob("*.yaml")),
+               root / "alertmanager/alertmanager.yml",
                root / "alertmanager/relay.example.yaml", root / "rules/verl-alerts.yaml",
                root / "rules/verl-recording.yaml", *sorted((root / "tests/fixtures").rglob("*.yaml")),
                root / "docker/verl-exporter.example.yaml", root / "docker/verl-exporter-serve.example.yaml",

@@ -24,7 +24,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verl-log", metavar="PATH",
                    help="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH of the trainer)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="verl's trainer.default_local_dir (checkpoints)")
-    p.add_argument("--spec", metavar="FILE", help="use this metric spec instead of the packaged one")
+    p.add_argument("--spec", metavar="PATH", help="use this metric spec (a file or a directory), not the packaged one")
     _overrides_flag(p)
     p.add_argument("--max-unmapped", type=int, help="cap on verl_unmapped_* series (default 100)")
     p.add_argument("--poll-interval", type=float, help="seconds between file polls (default 0.1)")
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_flags(serve)
 
     spec = sub.add_parser("spec", help="print the resolved metric spec (validates it)")
-    spec.add_argument("--spec", metavar="FILE", help="a spec file to check instead of the packaged one")
+    spec.add_argument("--spec", metavar="PATH", help="a spec (file or directory) to check instead of the packaged one")
     spec.add_argument("--json", action="store_true", help="machine-readable output")
     _overrides_flag(spec)
     spec.add_argument("--knobs", action="store_true",
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="render rules, tests, dashboards, Alertmanager and Kubernetes files")
     gen.add_argument("--out", default=".", metavar="DIR", help="repository root to write into (default .)")
     gen.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale file")
-    gen.add_argument("--spec", metavar="FILE", help="render from this spec instead of the packaged one")
+    gen.add_argument("--spec", metavar="PATH", help="render from this spec (file or directory), not the packaged one")
     _overrides_flag(gen)
     gen.add_argument("--relay-url", metavar="URL",
                      help="where Alertmanager's receivers post (default the spec's, http://127.0.0.1:9095: the "
@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sch.add_argument("kind", choices=list(SCHEMAS),
                      help="; ".join(f"{kind}: {what}" for kind, (what, _) in SCHEMAS.items()))
-    sch.add_argument("--spec", metavar="FILE", help="the spec whose alerts and knobs it names (default packaged)")
+    sch.add_argument("--spec", metavar="PATH", help="the spec whose alerts and knobs it names (default packaged)")
     return parser
 
 

@@ -72,7 +72,7 @@ class ServeConfig(StrictModel):
         default_factory=dict, description="extra constant labels on every series")
     verl_log: str | None = Field(None, description="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH)")
     checkpoint_dir: str | None = Field(None, description="verl's trainer.default_local_dir (checkpoints)")
-    spec: str | None = Field(None, description="a metric spec to use instead of the packaged one")
+    spec: str | None = Field(None, description="a metric spec (file or directory) to use, not the packaged one")
     overrides: str | None = Field(None, description="an overrides file (default $VERL_EXPORTER_OVERRIDES, then "
                                                     "./verl-exporter.yaml when it exists); '' for none")
     max_unmapped: Count = Field(DEFAULT_MAX_UNMAPPED, description="cap on verl_unmapped_* series")

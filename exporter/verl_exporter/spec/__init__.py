@@ -1,7 +1,8 @@
 """The metric spec: its model, its loader and its validation.
 
-The YAML file beside this module is the single place where a metric is named. Loading is strict: every
-problem of every entry is reported at once, each as ``FILE:LINE: key.path: message``.
+The YAML files beside this module (``metrics/``, one per area, merged in name order) are the single place
+where a metric is named. Loading is strict: every problem of every entry is reported at once, each as
+``FILE:LINE: key.path: message`` naming the file it is in.
 
 Two layers. The file's shape is a tree of core.models StrictModels (``SpecFile``, ``MetricEntry``, and
 ``AlertEntry``/``PanelEntry`` in rules.py, ``DetectEntry`` in detectors.py): they check each entry, and
@@ -23,14 +24,15 @@ May import: core.detect (the detectors' statistics) and core.models (the typed-f
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StringConstraints, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ..core.models import FileError, StrictModel, json_schema, parse_yaml, read_yaml, validate, where
+from ..core.models import FileError, StrictModel, json_schema, parse_yaml, problems, read_yaml, where
 from .detectors import DetectEntry
 from .kinds import CROSS_METRIC, KINDS, Alert
 from .kinds.condition import NODES as CONDITION_NODES
@@ -70,7 +72,9 @@ WINDOW_RECORDING = re.compile(r"(avg|max|min)_over_time_([1-9][0-9]*[mh])")
 # A recording rule written on an entry: {record: level:name:operations, expr: PromQL with <metric> and <sel>}.
 RECORDING_NAME_RE = re.compile(r"^[a-z_]+:verl_[a-z0-9_]+:[a-z0-9_]+$")
 
-DEFAULT_SPEC = "metrics.yaml"
+DEFAULT_SPEC = "metrics"  # the packaged spec: a directory of *.yaml files, merged in name order
+# The top-level lists a spec directory's files concatenate, in file order.
+MERGED = ("metrics", "alerts")
 
 
 class SpecError(FileError):
@@ -416,7 +420,7 @@ class Defaults(StrictModel):
 
 
 class SpecFile(StrictModel):
-    """metrics.yaml: every metric verl-exporter exports, alerts on or draws."""
+    """A spec (a file, or a directory's files merged): every metric verl-exporter exports, alerts on or draws."""
 
     version: Literal[1]
     rules: RulesEntry = Field(default_factory=RulesEntry)
@@ -528,31 +532,135 @@ def _line_of(problem: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def parse_spec(doc: Any, origin: str = "spec", lines: dict[tuple, int] | None = None) -> Spec:
-    """Validate a parsed YAML document and build the Spec; raise SpecError listing every problem."""
-    if not isinstance(doc, dict):
-        raise SpecError(["the document must be a mapping with a 'metrics' list"], origin)
-    lines = lines or {}
-    model = validate(SpecFile, doc, origin, lines, SpecError, _hint, locate=_locate)
-    found = [f"{where(origin, lines, path)}: {'.'.join(map(str, path))}: {message}"
-             for path, message in model.cross_problems()]
+class _Part:
+    """One file of a spec: the origin its problems name, its document and its key lines."""
+
+    def __init__(self, origin: str, doc: Any, lines: dict[tuple, int]):
+        self.origin, self.doc, self.lines = origin, doc, lines
+
+
+def _read(path: str | Path | None) -> tuple[list[_Part], str]:
+    """(the files of a spec, its origin): a file, or a directory's *.yaml in name order."""
+    if path is None:
+        origin, parts = f"packaged spec {DEFAULT_SPEC}", []
+        folder = resources.files(__name__).joinpath(DEFAULT_SPEC)
+        for f in sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name):
+            name = f"{origin}/{f.name}"
+            parts.append(_Part(name, *parse_yaml(f.read_text(encoding="utf-8"), name, SpecError)))
+        return parts, origin
+    if Path(path).is_dir():
+        files = sorted(Path(path).glob("*.yaml"))
+        if not files:
+            raise SpecError(["a spec directory needs at least one *.yaml file"], str(path))
+        return [_Part(str(f), *read_yaml(f, SpecError)) for f in files], str(path)
+    return [_Part(str(path), *read_yaml(path, SpecError))], str(path)
+
+
+def _merge(parts: list[_Part], origin: str) -> tuple[dict, Callable[[tuple], tuple[_Part, tuple]]]:
+    """(the merged document, a function giving the file and the path in it of a path of the merged document).
+    The files' MERGED lists are concatenated in file order; any other top-level key may be in one file only."""
+    for part in parts:
+        if not isinstance(part.doc, dict):
+            raise SpecError(["the document must be a mapping with a 'metrics' list"], part.origin)
+    if len(parts) == 1:  # a single file is its own document
+        return parts[0].doc, lambda path: (parts[0], path)
+    whole = _Part(origin, {}, {})  # where a problem of no one file is (a key none of them gives)
+    doc: dict = {}
+    holder: dict[Any, _Part] = {}  # the file of each top-level key (the first, for a merged list)
+    items: dict[str, list[tuple[_Part, int]]] = {key: [] for key in MERGED}
+    clashes = []
+    for part in parts:
+        for key, value in part.doc.items():
+            place = where(part.origin, part.lines, (key,))
+            if key in MERGED and not isinstance(value, list):
+                clashes.append(f"{place}: {key}: must be a list")
+            elif key in MERGED:
+                doc.setdefault(key, []).extend(value)
+                items[key] += [(part, i) for i in range(len(value))]
+                holder.setdefault(key, part)
+            elif key in holder:
+                clashes.append(f"{place}: {key}: also given in {where(holder[key].origin, holder[key].lines, (key,))}"
+                               f"; only {' and '.join(MERGED)} may be in several files")
+            else:
+                doc[key], holder[key] = value, part
+    if clashes:
+        raise SpecError(clashes, origin)
+
+    def locate(path: tuple) -> tuple[_Part, tuple]:
+        if len(path) > 1 and path[0] in MERGED and isinstance(path[1], int) and path[1] < len(items[path[0]]):
+            part, i = items[path[0]][path[1]]
+            return part, (path[0], i, *path[2:])
+        return (holder.get(path[0], whole) if path else whole), path
+
+    return doc, locate
+
+
+def _value(doc: Any, path: tuple) -> Any:
+    for key in path:
+        try:
+            doc = doc[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return doc
+
+
+def _first_declared(parts: list[_Part], part: _Part, at: tuple, message: str) -> str:
+    """' (first at FILE:LINE)' for a name declared twice: the first place that gives it under the same key."""
+    twice = re.fullmatch(r"\w+ '(.+)' is declared twice", message)
+    if not twice:
+        return ""
+    name = twice.group(1)
+    if isinstance(entry := _value(part.doc, at), dict):  # reported at its entry (a recording): the key naming it
+        at = (*at, next((k for k, v in entry.items() if v == name), ""))
+    for other in parts:
+        for path in other.lines:
+            if path[-1] == at[-1] and (other, path) != (part, at) and _value(other.doc, path) == name:
+                return f" (first at {where(other.origin, other.lines, path)})"
+    return ""
+
+
+def _parse(parts: list[_Part], origin: str) -> Spec:
+    """Validate a spec's files as one document and build the Spec; each problem names its own file and line."""
+    doc, locate = _merge(parts, origin)
+    rank = {p: i for i, p in enumerate(parts)}.get  # file order; a problem of no one file first
+    try:
+        model = SpecFile.model_validate(doc)
+    except ValidationError as e:
+        by_part: dict[_Part, list[dict]] = {}
+        for err in e.errors():
+            by_part.setdefault(locate(err["loc"])[0], []).append(err)
+        raise SpecError([text for part in sorted(by_part, key=lambda p: rank(p, -1))
+                         for text in problems(by_part[part], part.origin, part.lines, _hint,
+                                              lambda loc: locate(_locate(loc))[1])], origin) from None
+    found = []
+    for path, message in model.cross_problems():
+        part, at = locate(path)
+        text = f"{where(part.origin, part.lines, at)}: {'.'.join(map(str, at))}: {message}"
+        found.append((rank(part, -1), _line_of(text), text + _first_declared(parts, part, at, message)))
     if found:
-        raise SpecError(sorted(found, key=_line_of), origin)
+        raise SpecError([text for *_, text in sorted(found)], origin)
     return model.to_spec()
 
 
+def parse_spec(doc: Any, origin: str = "spec", lines: dict[tuple, int] | None = None) -> Spec:
+    """Validate a parsed YAML document and build the Spec; raise SpecError listing every problem."""
+    return _parse([_Part(origin, doc, lines or {})], origin)
+
+
 def load_spec(path: str | Path | None = None) -> Spec:
-    """Load a spec file (the packaged one by default)."""
-    if path is None:
-        origin = f"packaged spec {DEFAULT_SPEC}"
-        doc, lines = parse_yaml(resources.files(__name__).joinpath(DEFAULT_SPEC).read_text(encoding="utf-8"),
-                                origin, SpecError)
-    else:
-        origin = str(path)
-        doc, lines = read_yaml(path, SpecError)
-    return parse_spec(doc, origin, lines)
+    """Load a spec: a file, or a directory whose *.yaml files are merged in name order (by default the
+    packaged one, the directory spec/metrics/)."""
+    return _parse(*_read(path))
+
+
+def spec_document(path: str | Path | None = None) -> dict:
+    """A spec's document as the loader merges it, unvalidated (to edit and give to parse_spec)."""
+    return _merge(*_read(path))[0]
 
 
 def schema() -> dict:
-    """The JSON Schema of a spec file (``verl-exporter schema spec``)."""
-    return json_schema(SpecFile, "verl-exporter metric spec (metrics.yaml)")
+    """The JSON Schema of a spec file (``verl-exporter schema spec``). No key is required: a file of a spec
+    directory holds part of the spec, and the loader checks the merged whole."""
+    doc = json_schema(SpecFile, "verl-exporter metric spec (a spec file, or one file of a spec directory)")
+    del doc["required"]
+    return doc

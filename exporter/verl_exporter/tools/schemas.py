@@ -39,7 +39,7 @@ def _config(spec: Spec) -> dict:
 # kind -> (what it describes, the function that writes its schema for a spec)
 SCHEMAS: dict[str, tuple[str, Callable[[Spec], dict]]] = {
     "overrides": ("verl-exporter.yaml: knobs over the packaged alert pack", _overrides),
-    "spec": ("metrics.yaml: every metric, its alerts, panels, recordings and adaptive signals", _spec),
+    "spec": ("spec/metrics/*.yaml: every metric, its alerts, panels, recordings and adaptive signals", _spec),
     "config": ("verl-exporter serve --config: the sidecar's settings", _config),
     "relay": ("relay.yaml: Alertmanager webhooks to DingTalk / WeCom robots, and the automated response", _relay),
 }

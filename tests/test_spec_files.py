@@ -1,0 +1,139 @@
+"""The spec as a directory of files, one per area: they load as one spec, each problem names the file and line
+it is in, a name declared in two files names both, and a single-file spec loads as before."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from verl_exporter.spec import SpecError, load_spec, parse_spec, spec_document
+
+PACKAGED = Path(__file__).resolve().parent.parent / "exporter/verl_exporter/spec/metrics"
+POINTER = "# yaml-language-server: $schema=../../../../docker/schemas/spec.schema.json\n"
+
+
+def metric(name: str, **more) -> dict:
+    return {"name": name, "type": "gauge", "help": "X.", "layer": "data", "source": [{"match": name}], **more}
+
+
+def write(folder: Path, files: dict[str, dict]) -> list[Path]:
+    folder.mkdir()
+    for name, doc in files.items():
+        (folder / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return [folder / name for name in files]
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_the_directory_loads_as_the_concatenation_of_its_files():
+    docs = [yaml.safe_load(p.read_text()) for p in sorted(PACKAGED.glob("*.yaml"))]
+    whole = {k: v for doc in docs for k, v in doc.items() if k not in ("metrics", "alerts")}
+    whole["metrics"] = [m for doc in docs for m in doc.get("metrics", [])]
+    whole["alerts"] = [a for doc in docs for a in doc.get("alerts", [])]
+    assert len(docs) > 5 and all(doc.keys() <= {"metrics", "alerts"} for doc in docs[1:])
+    assert spec_document() == whole
+    assert load_spec() == parse_spec(whole) == load_spec(PACKAGED)
+
+
+def test_a_single_file_spec_still_loads(tmp_path):
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(spec_document(), sort_keys=False))
+    assert load_spec(path) == load_spec()
+    path.write_text(path.read_text().replace("type: gauge", "type: histogram", 1))
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert e.value.problems == [f"{path}:{line_of(path, 'type: histogram')}: metrics.0.type: must be one of "
+                                "'gauge' or 'counter', got 'histogram'"]
+
+
+def test_an_error_in_the_third_file_names_that_file_its_line_and_its_own_index(tmp_path):
+    *_, third = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1},
+        "10-a.yaml": {"metrics": [metric("verl_a"), metric("verl_b")]},
+        "20-b.yaml": {"metrics": [metric("verl_c"), metric("verl_d", type="histogram")]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{third}:{line_of(third, 'histogram')}: metrics.1.type: must be one of 'gauge' "
+                                "or 'counter', got 'histogram'"]
+
+
+def test_a_metric_declared_in_two_files_names_both(tmp_path):
+    _, first, second = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1},
+        "10-a.yaml": {"metrics": [metric("verl_a"), metric("verl_x")]},
+        "20-b.yaml": {"metrics": [metric("verl_x", source=[{"match": "other"}])]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{second}:{line_of(second, 'verl_x')}: metrics.0.name: metric 'verl_x' is declared "
+                                f"twice (first at {first}:{line_of(first, 'verl_x')})"]
+
+
+def test_a_recording_declared_in_two_files_names_both(tmp_path):
+    record = [{"record": "job:verl_a:doubled", "expr": "2 * <metric>{<sel>}"}]
+    _, first, second = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1},
+        "10-a.yaml": {"metrics": [metric("verl_a", record=record)]},
+        "20-b.yaml": {"metrics": [metric("verl_b", record=[{**record[0], "expr": "3 * <metric>{<sel>}"}])]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{second}:{line_of(second, 'job:verl_a')}: metrics.0.record.0: recording "
+                                f"'job:verl_a:doubled' is declared twice (first at {first}:{line_of(first, 'job:')})"]
+
+
+def test_an_alert_declared_in_two_files_and_an_inhibit_of_one_in_another_file(tmp_path):
+    alert = {"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1, "summary": "S.",
+             "description": "D."}
+    _, first, second = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1},
+        "10-a.yaml": {"metrics": [metric("verl_a", alerts=[alert])]},
+        "20-b.yaml": {"metrics": [metric("verl_b", alerts=[{**alert, "alert": "VerlY", "inhibits": ["VerlX"]},
+                                                           alert])]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{second}:{line_of(second, '- alert: VerlX')}: metrics.0.alerts.1.alert: alert "
+                                f"'VerlX' is declared twice (first at {first}:{line_of(first, 'alert: VerlX')})"]
+
+
+def test_a_top_level_key_in_two_files_names_both(tmp_path):
+    first, second = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1, "defaults": {"max_series": 8}, "metrics": [metric("verl_a")]},
+        "10-a.yaml": {"defaults": {"max_series": 9}, "metrics": [metric("verl_b")]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{second}:1: defaults: also given in {first}:2; only metrics and alerts may be in "
+                                "several files"]
+
+
+@pytest.mark.parametrize("files, problem", [
+    ({"a.yaml": {"metrics": [metric("verl_a")]}, "b.yaml": {"metrics": [metric("verl_b")]}},
+     r"spec: version: Field required"),
+    ({"a.yaml": {"version": 1}, "b.yaml": {"metrics": {"verl_a": {}}}}, r"b.yaml:1: metrics: must be a list"),
+    ({"a.yaml": {"version": 1}, "b.yaml": ["verl_a"]}, r"must be a mapping"),
+], ids=["no-version", "not-a-list", "not-a-mapping"])
+def test_what_no_one_file_gets_wrong(tmp_path, files, problem):
+    write(tmp_path / "spec", files)
+    with pytest.raises(SpecError, match=problem):
+        load_spec(tmp_path / "spec")
+
+
+def test_an_empty_directory_is_refused(tmp_path):
+    with pytest.raises(SpecError, match="at least one"):
+        load_spec(tmp_path)
+
+
+def test_each_area_file_is_small_and_points_to_the_schema():
+    files = sorted(PACKAGED.glob("*.yaml"))
+    assert re.match(r"00-", files[0].name), "the settings file sorts first"
+    for path in files:
+        text = path.read_text()
+        assert text.count("\n") <= 800, f"{path.name} has {text.count(chr(10))} lines: split its area in two"
+        assert text.startswith(POINTER), path.name
