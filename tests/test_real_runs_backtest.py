@@ -9,6 +9,7 @@ and nothing fires before the fault.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -30,17 +31,42 @@ def rules_dir(tmp_path_factory):
     return out
 
 
-def first_steps(run: dict, rules_dir: Path) -> dict[str, tuple[int, str]]:
-    """{alert: (first step it started at, severity)} for one corpus run."""
+@functools.cache
+def replayed(name: str, rules_dir: Path):
+    """(lines, samples, alert starts) of one corpus run, replayed once for every test of this module."""
     from verl_exporter.tools import replay
-    from verl_exporter.tools.backtest import timeline
 
+    run = next(r for r in RUNS if r["name"] == name)
     lines = replay.read_jsonl(CORPUS / run["file"])
     samples = replay.replay(lines, run=run["name"])
+    return lines, samples, replay.evaluate(samples, rules_dir)
+
+
+def first_steps(run: dict, rules_dir: Path) -> dict[str, tuple[int, str]]:
+    """{alert: (first step it started at, severity)} for one corpus run."""
+    from verl_exporter.tools.backtest import timeline
+
+    _, samples, fired = replayed(run["name"], rules_dir)
     out: dict[str, tuple[int, str]] = {}
-    for event in timeline(samples, replay.evaluate(samples, rules_dir)):
+    for event in timeline(samples, fired):
         out.setdefault(event["alert"], (event["step"], event["severity"]))
     return out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("run", RUNS, ids=[r["name"] for r in RUNS])
+def test_the_breaker_agrees_with_the_pack_on_the_real_run(run, rules_dir):
+    """The breaker trips iff the pack pages a critical alert it judges (at most MAX_LAG_STEPS steps after the
+    page), and never on a healthy run; a collapse with 1-token answers and a KL blow-up trips it."""
+    from verl_exporter.spec import load_spec
+    from verl_exporter.tools import agreement as ag
+
+    require_tool("promtool")
+    lines, samples, fired = replayed(run["name"], rules_dir)
+    a = ag.agreement(lines, samples, fired, load_spec())
+    assert a.agrees, a
+    if run["verdict"] == "healthy":
+        assert a.trip is None
 
 
 @pytest.mark.integration

@@ -10,9 +10,12 @@ import functools
 
 import pytest
 from conftest import REPO, require_tool
+from verl_exporter.spec import load_spec
+from verl_exporter.tools import agreement as ag
 from verl_exporter.tools import replay as rp
 
 RULES = REPO / "rules"
+SPEC = load_spec()
 
 
 @functools.cache
@@ -97,3 +100,21 @@ def test_one_bad_batch_on_a_long_step_run_pages_nobody():
     fired = rp.evaluate(samples, RULES, promtool=require_tool("promtool"))
     assert [f for f in fired if f.severity == "critical"] == []
     assert fired == [], [(f.alert, f.minute) for f in fired]
+
+
+@pytest.mark.parametrize("profile,fault,at,tail_s", ag.SCENARIOS,
+                         ids=[f"{p}-{f or 'healthy'}" for p, f, *_ in ag.SCENARIOS])
+def test_the_breaker_trips_if_and_only_if_the_pack_pages_critical(profile, fault, at, tail_s):
+    """The same lines on the same clock: the breaker trips iff the rules page a critical alert it judges, at
+    most MAX_LAG_STEPS steps after the page, and never on a healthy run."""
+    # called as the other tests call it, so that each run is replayed once for the module
+    if fault is None:
+        samples, fired, lines = backtest(profile)
+    elif tail_s:
+        samples, fired, lines = backtest(profile, fault, at, tail_s=tail_s)
+    else:
+        samples, fired, lines = backtest(profile, fault, at)
+    a = ag.agreement(lines, samples, fired, SPEC)
+    assert a.agrees, a
+    if fault is None:
+        assert a.trip is None and a.page is None
