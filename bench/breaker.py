@@ -2,9 +2,10 @@
 
     python bench/breaker.py [--steps N]
 
-The breaker runs on the Monitor's worker thread, once per logged step, with the rules the spec's critical
-alerts give (NaN checks, thresholds, z-scores over a sliding window). "Cheap enough to run every step"
-means: well under what exporting the same step to Prometheus by hand would cost.
+The breaker runs on the Monitor's worker thread, once per logged step, judging every critical alert of the
+spec a trainer can see (NaN/Inf, the reward collapse, collapsed answers, numerical collapse, the stall) with
+the step-domain detectors they read. "Cheap enough to run every step" means: well under what exporting the
+same step to Prometheus by hand would cost.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main() -> int:
     steps = [json.loads(line)["data"] for line in demo_lines()]
     data = [{k: v for k, v in d.items() if isinstance(v, (int, float)) or v is None} for d in steps]
     breaker = CircuitBreaker.from_spec(load_spec(), consecutive=10**9)  # never trips: steady state
-    rules = breaker.rules + breaker.detector_rules  # with the step-domain detectors of the spec's signals
+    alerts = breaker.alerts  # judged with the step-domain detectors of the signals they read
 
     def observe(n):
         for i in range(n):
@@ -55,7 +56,8 @@ def main() -> int:
 
     b = per_call_us(observe, args.steps)
     g = per_call_us(gauge_loop, max(args.steps // 10, 100))
-    print(f"rules from the spec's critical alerts: {len(rules)} ({', '.join(sorted({r.kind for r in rules}))})")
+    print(f"critical alerts judged: {len(alerts)} ({', '.join(a.alert for a in alerts)}); "
+          f"detectors: {len(breaker.detectors.detectors)}")
     print(f"breaker.observe per step: {b:.2f} us; 100 x Gauge.set: {g:.2f} us; ratio {b / g:.3f}")
     return 0
 

@@ -120,9 +120,12 @@ def test_the_allow_list_names_real_fields():
 
 def test_the_walk_covers_every_entry_and_dataclass_of_the_spec():
     """A new entry model or dataclass in spec/ is walked too (add it to ENTRIES or DATACLASSES)."""
-    from verl_exporter.spec.kinds import base, expr, nonfinite, stale, stall, threshold
+    import importlib
+    import pkgutil
 
-    modules = (S, R, D, P, base, condition, detector, expr, nonfinite, stale, stall, threshold)
+    kinds = [importlib.import_module(f"{K.__name__}.{m.name}") for m in pkgutil.iter_modules(K.__path__)]
+    base = importlib.import_module(f"{K.__name__}.base")
+    modules = (S, R, D, P, *kinds)
     models = {c for m in modules for c in vars(m).values() if inspect.isclass(c) and c.__module__ == m.__name__}
     entries = {c for c in models if issubclass(c, S.StrictModel)}
     mixins = {K.AlertBase, base.WithParams, base.WithTest}  # read through the kinds that use them

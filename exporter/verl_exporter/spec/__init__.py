@@ -478,7 +478,7 @@ class SpecFile(StrictModel):
             out += [((*path, "kind"), f"reads metric {name!r}, which is not in the spec")
                     for name in a.metrics() if name not in metrics]
             out += [((*path, "kind"), f"reads signal {name!r}, which no detect: declares")
-                    for name in a.signals() if name not in signals and a.kind != "expr"]
+                    for name in a.signals() if name not in signals]
         return out
 
     def to_spec(self) -> Spec:

@@ -143,6 +143,9 @@ class CircuitBreaker:
         self.detectors = detectors if detectors is not None else \
             Detectors([sig for sig in spec.signals() if sig.name in needed], spec)
         self._view = _View(spec, self.detectors)
+        # only the keys the judged alerts read are kept (a step logs a hundred or more)
+        self._keys = {key for a in self.alerts for metric, labels in a.series_read()
+                      for key, _ in self._view.keys(metric, labels)}
         self._held = [_Held(a) for a in self.alerts]
         self._ticked = [h for h in self._held if h.alert.judged_between_steps]
         self._consecutive = consecutive
@@ -161,7 +164,8 @@ class CircuitBreaker:
         the step that trips the breaker, the Trip."""
         view = self._view
         now = self._clock() if now is None else now
-        for key, raw in data.items():
+        for key in self._keys.intersection(data):
+            raw = data[key]
             if raw is None:
                 view.latest[key] = math.nan  # null is verl's NaN
             elif (x := finite(raw)) is not None:

@@ -103,6 +103,10 @@ class AlertBase(StrictModel):
         """The signals its in-process evaluation needs."""
         return self.signals()
 
+    def series_read(self) -> list[tuple[str, dict[str, str]]]:
+        """The (metric, labels) series its ``judge`` reads through ``view.value``."""
+        return []
+
     def metrics(self) -> tuple[str, ...]:
         """Metrics other than its entry's that it names in its declaration (checked to exist)."""
         return ()

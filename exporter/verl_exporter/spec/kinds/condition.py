@@ -217,6 +217,9 @@ class ConditionAlert(WithParams, WithTest, AlertBase):
     def metrics(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t.metric for t in self.when.terms() if t.metric))
 
+    def series_read(self) -> list[tuple[str, dict[str, str]]]:
+        return [(t.metric, t.labels) for t in self.when.terms() if t.metric]
+
     def blind_reason(self, spec) -> str | None:
         for t in self.when.terms():
             if t.metric and (why := verl_keyed(spec, t.metric, t.labels)):

@@ -45,6 +45,9 @@ class NonfiniteAlert(AlertBase):
     def blind_reason(self, spec) -> str | None:
         return verl_keyed(spec, self.metric, {})
 
+    def series_read(self) -> list[tuple[str, dict[str, str]]]:
+        return [(self.metric, {})]
+
     def judge(self, view: StepView) -> float | None:
         x = view.value(self.metric, {})
         return 1.0 if x is not None and not math.isfinite(x) else None

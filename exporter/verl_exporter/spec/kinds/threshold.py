@@ -99,6 +99,11 @@ class ThresholdAlert(AlertBase):
 
         return verl_keyed(spec, self.metric, equality_matchers(self.matchers))
 
+    def series_read(self) -> list[tuple[str, dict[str, str]]]:
+        from ..rules import equality_matchers
+
+        return [(self.metric, equality_matchers(self.matchers))]
+
     def judge(self, view: StepView) -> float | None:
         from ..rules import equality_matchers
 
