@@ -4,14 +4,11 @@ The YAML files beside this module (``metrics/``, one per area, merged in name or
 where a metric is named. Loading is strict: every problem of every entry is reported at once, each as
 ``FILE:LINE: key.path: message`` naming the file it is in.
 
-Two layers. The file's shape is a tree of core.models StrictModels (``SpecFile``, ``MetricEntry``, and
-``AlertEntry``/``PanelEntry`` in rules.py, ``DetectEntry`` in detectors.py): they check each entry, and
-``verl-exporter schema spec`` writes their JSON Schema. What the rest of the pack reads is the frozen
-dataclasses (``Spec``, ``MetricSpec``, ``SourceRule``, ``Alert``, ``Panel``, core.detect's ``SignalSpec``),
-built from a valid file. They stay dataclasses rather than becoming the models because they hold what the
-file does not say (compiled key patterns, the scale a ``convert`` stands for, an alert's metric and its texts
-rendered with its knobs), the sidecar's hot path and core.detect use them, and overrides, calibrate and the
-CLI derive new ones with ``dataclasses.replace``.
+The file's shape is a tree of core.models StrictModels (``SpecFile``, ``MetricEntry``, the alert kinds of
+``kinds/``, ``Panel`` in panels.py, ``DetectEntry`` in detectors.py): they check each entry, and
+``verl-exporter schema spec`` writes their JSON Schema. Alerts and panels are used at run time as they are
+(their entry is set on them; ``model_copy`` derives changed ones); ``Spec``, ``MetricSpec`` and ``SourceRule``
+are frozen dataclasses built from a valid file (compiled key patterns, the scale a ``convert`` stands for).
 
 Checks across entries (unique names, keys and fields feeding one metric, alerts and inhibits naming known
 ones, signals' gauges declared) are ``SpecFile.cross_problems``: each finds several problems, each at its own
