@@ -3,6 +3,7 @@ passed by promtool, covering every alert on the clean runs, and naming only aler
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 import yaml
 from conftest import REPO, require_tool
 from verl_exporter.spec import load_spec
+from verl_exporter.tools import nodes
 
 SCRIPT = REPO / "scripts" / "make_scenarios.py"
 SCENARIOS = REPO / "rules" / "scenarios" / "scenarios-test.yaml"
@@ -104,11 +106,11 @@ def test_series_outside_the_spec_are_refused():
     spec = load_spec()
     run = ms.build_run(ms.PPO, length=20)
     ms.check_names(run, spec)
-    bad = ms.build_run(ms.PPO, length=20)
-    bad.add("verl_no_such_metric", run.labels("0"), [1.0] * 20)
-    with pytest.raises(SystemExit, match="verl_no_such_metric is not in the spec"):
-        ms.check_names(bad, spec)
-    bad = ms.build_run(ms.PPO, length=20)
-    bad.add("verl_gpu_up", run.labels("0", gpu="0", colour="red"), [1.0] * 20)
-    with pytest.raises(SystemExit, match="verl_gpu_up has labels"):
-        ms.check_names(bad, spec)
+    labels = next(lab for name, lab in run.series if name == "verl_gpu_up")
+    for key, match in ((("verl_no_such_metric", labels), "verl_no_such_metric is not in the spec"),
+                       (("verl_gpu_up", labels + (("colour", "red"),)), "verl_gpu_up has labels")):
+        bad = dataclasses.replace(run, series={**run.series, key: [1.0] * 20})
+        with pytest.raises(SystemExit, match=match):
+            ms.check_names(bad, spec)
+    with pytest.raises(ValueError, match="verl_gpu_up has labels"):  # the node generator refuses them too
+        nodes.Nodes(run.samples, "r", 20, spec, "1").key("verl_gpu_up", "0", gpu="0", colour="red")
