@@ -105,7 +105,7 @@ Key = tuple[str, Labels]
 class Run:
     series: dict[Key, list[float | None]]
     samples: rp.Samples
-    onset: int  # the minute the fault starts (None-free: 0 for a clean run)
+    onset: int  # the first scrape at or after the fault's first step starts (0 for a clean run)
     step_s: float  # the longest step of the run
 
 

@@ -3,7 +3,9 @@ simulated clock, and evaluate the generated alert rules on it with promtool's ru
 
 * ``simulate(profile, fault)`` writes a verl run (verl 0.9.1 keys) step by step: healthy PPO, GRPO and agentic
   profiles with batch noise, heavy-tailed outliers and step times from seconds to 10 minutes, plus
-  injectable faults (collapse, slow decline, clipping, memory leak, hang, NaN, slowdown, ...).
+  injectable faults (collapse, slow decline, clipping, memory leak, hang, NaN, slowdown, ...); FAULTS is the
+  one table of them, the node faults (GPU, host, checkpoint, sidecar) included: ``tools.nodes`` makes the
+  other sidecars' series of a run and applies those.
 * ``replay(lines)`` appends each line to a file that the real ``VerlFileFollower`` polls on a simulated clock
   (the step's end, from ``timing_s/step`` or a given period); the real ``TrainingStore`` maps the keys through
   the spec and runs the step-domain detectors; every ``scrape_s`` the exported series are sampled, as
