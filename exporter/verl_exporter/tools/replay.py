@@ -3,7 +3,9 @@ simulated clock, and evaluate the generated alert rules on it with promtool's ru
 
 * ``simulate(profile, fault)`` writes a verl run (verl 0.9.1 keys) step by step: healthy PPO, GRPO and agentic
   profiles with batch noise, heavy-tailed outliers and step times from seconds to 10 minutes, plus
-  injectable faults (collapse, slow decline, clipping, memory leak, hang, NaN, slowdown, ...).
+  injectable faults (collapse, slow decline, clipping, memory leak, hang, NaN, slowdown, ...); FAULTS is the
+  one table of them, the node faults (GPU, host, checkpoint, sidecar) included: ``tools.nodes`` makes the
+  other sidecars' series of a run and applies those.
 * ``replay(lines)`` appends each line to a file that the real ``VerlFileFollower`` polls on a simulated clock
   (the step's end, from ``timing_s/step`` or a given period); the real ``TrainingStore`` maps the keys through
   the spec and runs the step-domain detectors; every ``scrape_s`` the exported series are sampled, as
@@ -134,12 +136,45 @@ def _fault_state(kind: str, k: int, s: dict, p: Profile) -> None:
             s["kl"] += 0.5 * f
             s["ppo_kl_x"] = 1 + 50 * f
             s["aborted"] = 0.4 * f
-    elif kind != "hang":
+    elif kind == "grad_spike_nan":  # the gradient norm jumps 100x for 2 steps, then is NaN with the loss for 3
+        if k < 2:
+            s["grad"] *= 100
+        elif k < 5:
+            s["grad"] = s["loss"] = math.nan
+    elif kind == "nan_loss":  # the loss (and so the gradient norm) is NaN for 2 steps
+        if k < 2:
+            s["grad"] = s["loss"] = math.nan
+    elif kind == "critic_collapse":  # the critic stops tracking returns: explained variance ~-0.45, vf_loss x4
+        s["vf_ev"] = (0.2, -0.2)[k] if k < 2 else -0.45 + 1.5 * s["noise"]
+        s["vf_x"] = 4.0
+    elif kind == "val_drop":  # held-out accuracy falls to 55% of its level (an over-optimised reward)
+        s["val_x"] = 0.55
+    elif kind == "lr_high":  # the learning rate is raised 10x: up to ~40% of tokens clipped, ppo_kl x100
+        s["clipfrac"] = min(0.4, 0.1 + 0.1 * k) + abs(s["noise"])
+        s["ppo_kl_x"] = 100.0
+    elif kind == "critic_overfit":  # KL compounds 2% a step while the score stalls (and vf_loss keeps falling)
+        s["kl"] *= 1.02 ** (k + 1)
+        s["score"] = p.score0 + p.score_gain * (1 - math.exp(-(s["i"] - k) / p.score_tau)) - 0.0008 * k \
+            + s["noise"]
+    elif kind == "data_starved":  # data loading starves the rollout: gen x2.2, the actor update unchanged
+        s["gen_x"] *= 2.2
+    elif kind == "comm_slowdown":  # NCCL falls back to a slow path: the actor update x2.5
+        s["update_x"] = 2.5
+    elif kind == "power_cap":  # the GPUs' power limit is lowered: update x1.7, gen x1.3, MFU falls with them
+        s["update_x"], s["gen_x"], s["mfu_x"] = 1.7, s["gen_x"] * 1.3, 1 / 1.7
+    elif kind not in FAULTS:
         raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
 
 
+# The faults, one table: what they do to verl's training state is in _fault_state (hangs stop the run);
+# NODE_FAULTS also change the node series of tools.nodes (GPUs, host, checkpoints, the sidecars' up).
 FAULTS = ("score_drop", "collapse", "slow_decline", "clip", "memory_leak", "nan", "slowdown", "entropy_collapse",
-          "kl_blowup", "grad_spike", "grad_explosion", "hang")
+          "kl_blowup", "grad_spike", "grad_explosion", "hang",
+          "grad_spike_nan", "nan_loss", "critic_collapse", "val_drop", "lr_high", "critic_overfit", "data_starved",
+          "comm_slowdown", "power_cap", "gpu_lost", "critical_xid", "gpu_xid", "thermal", "straggler", "gpu_idle",
+          "ecc", "remap_failed", "nvlink", "gpu_memory_full", "gpu_memory_leak", "disk_fill", "disk_busy",
+          "checkpoint_skip", "checkpoint_partial", "checkpoint_corrupt", "exporter_down", "exporter_absent")
+HANGS = ("hang", "gpu_lost", "critical_xid")  # the run stops at the fault's step
 
 
 def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | None = None,
@@ -170,11 +205,12 @@ def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | No
         s["mem"] = p.mem_gib + g(0, 0.03)
         s["gen_x"] = (1 + g(0, 0.04)) * (1.5 if i == 1 else 1.0)
         s["loss"], s["ppo_kl_x"] = 0.0, 1.0
+        s.update(i=i, clipfrac=None, vf_ev=None, vf_x=1.0, val_x=1.0, update_x=1.0, mfu_x=1.0)
         hang = False
         if fault is not None and i >= fault.at:
             fault_t = t if fault_t is None else fault_t
             s["since_fault_s"] = t - fault_t
-            if fault.kind == "hang":
+            if fault.kind in HANGS:
                 hang = True
             else:
                 _fault_state(fault.kind, i - fault.at, s, p)
@@ -186,12 +222,13 @@ def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | No
         tokens = p.batch * (length + 200)
         per_token_s = p.step_s * 0.5 / (p.batch * (p.len0 + 200)) * s["gen_x"]
         gen = per_token_s * p.batch * length + 2.0
-        update = p.step_s * 0.35 * tokens / (p.batch * (p.len0 + 200)) * (1 + g(0, 0.03))
+        update = p.step_s * 0.35 * tokens / (p.batch * (p.len0 + 200)) * (1 + g(0, 0.03)) * s["update_x"]
         step_s = gen + update + p.step_s * 0.15 * (1 + g(0, 0.05))
         d: dict = {
             "actor/pg_loss": g(-0.004, 0.015) + s["loss"], "actor/entropy": s["entropy"],
             "actor/ppo_kl": 1e-4 * (1 + g(0, 0.5)) * s["ppo_kl_x"],
-            "actor/pg_clipfrac": 0.004 + abs(g(0, 0.0015)), "actor/grad_norm": s["grad"], "actor/lr": 1e-6,
+            "actor/pg_clipfrac": _first(s["clipfrac"], 0.004 + abs(g(0, 0.0015))), "actor/grad_norm": s["grad"],
+            "actor/lr": 1e-6,
             p.kl_key: s["kl"],
             "critic/score/mean": s["score"], "critic/score/max": 1.0, "critic/score/min": -1.0,
             "critic/rewards/mean": s["score"], "response_length/mean": length,
@@ -201,24 +238,29 @@ def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | No
             "timing_s/step": step_s, "timing_per_token_ms/gen": per_token_s * 1000 * (1 + g(0, 0.02)),
             "perf/total_num_tokens": tokens, "perf/time_per_step": step_s,
             "perf/throughput": tokens / step_s / p.gpus, "perf/max_memory_allocated_gb": s["mem"] - 6.0,
-            "perf/max_memory_reserved_gb": s["mem"], "perf/mfu/actor": 0.35 * (1 + g(0, 0.03)),
+            "perf/max_memory_reserved_gb": s["mem"], "perf/mfu/actor": 0.35 * (1 + g(0, 0.03)) * s["mfu_x"],
             "training/global_step": float(i),
         }
         if p.critic:
-            d["critic/vf_loss"] = 0.3 * math.exp(-i / 100) + 0.04
-            d["critic/vf_explained_var"] = 0.6 - 0.8 * math.exp(-i / 60) + g(0, 0.03)
+            d["critic/vf_loss"] = (0.3 * math.exp(-i / 100) + 0.04) * s["vf_x"]
+            d["critic/vf_explained_var"] = _first(s["vf_ev"], 0.6 - 0.8 * math.exp(-i / 60) + g(0, 0.03))
         if every_key:
-            _verl_extras(d, i, p, extras_rng)
+            _verl_extras(d, i, p, extras_rng, s["val_x"])
         data = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
         out.append({"step": i, "data": data})
         t += step_s
     return out
 
 
+def _first(override: float | None, value: float) -> float:
+    """A fault's value where it sets one; the healthy value is drawn either way, so the draws stay the same."""
+    return value if override is None else override
+
+
 VAL_EVERY, SAVE_EVERY, STEPS_PER_EPOCH, NOTE_STEP, VAL_TAG = 20, 50, 100, 100, "openai/gsm8k"
 
 
-def _verl_extras(d: dict, i: int, p: Profile, rng: random.Random) -> None:
+def _verl_extras(d: dict, i: int, p: Profile, rng: random.Random, val_x: float = 1.0) -> None:
     """The rest of a verl 0.9.1 PPO step's keys, derived from the core ones, with real files' quirks: integer
     counters written as JSON integers, `val-*` and `timing_s/testing` only on validation steps,
     `timing_s/save_checkpoint` only on save steps, and a string value (`training/note`) at one step."""
@@ -258,7 +300,7 @@ def _verl_extras(d: dict, i: int, p: Profile, rng: random.Random) -> None:
                   "perf/mfu/critic": 0.3 * (1 + g(0, 0.03)), "timing_s/values": step_s * 0.05,
                   "timing_s/update_critic": step_s * 0.1})
     if i % VAL_EVERY == 0:
-        v = min(0.97, max(0.005, score - 0.03 + g(0, 0.012)))
+        v = min(0.97, max(0.005, score - 0.03 + g(0, 0.012))) * val_x
         d["timing_s/testing"] = 40.0 * (1 + g(0, 0.05))
         d[f"val-core/{VAL_TAG}/reward/mean@4"] = v
         d[f"val-core/{VAL_TAG}/reward/best@4/mean"] = 1 - (1 - v) ** 2.1
@@ -370,7 +412,7 @@ def step_period(lines: list[dict], given: float | None = None, spec: Spec | None
 
 def replay(lines: list[dict], spec: Spec | None = None, run: str = "replay", scrape_s: float = 60.0,
            period_s: float | None = None, tail_s: float = 0.0,
-           progress: Callable[[int, int], None] | None = None) -> Samples:
+           progress: Callable[[int, int], None] | None = None, instance: str = INSTANCE) -> Samples:
     """Push the lines through the real follower, store, mapper and detectors on a simulated clock.
 
     The run starts at t=0; step i ends after the durations of steps 1..i (``timing_s/step``, or period_s);
@@ -381,8 +423,8 @@ def replay(lines: list[dict], spec: Spec | None = None, run: str = "replay", scr
         t += d
         ends.append(t)
     scrapes = math.ceil((t + tail_s) / scrape_s) + 1  # the last scrape comes after the last line
-    return replay_timed(list(zip(ends, lines, strict=True)), scrapes, spec, run=run, scrape_s=scrape_s,
-                        progress=progress)
+    return replay_timed(list(zip(ends, lines, strict=True)), scrapes, spec, run=run, instance=instance,
+                        scrape_s=scrape_s, progress=progress)
 
 
 def replay_timed(events: list[tuple[float, dict]], scrapes: int, spec: Spec | None = None, run: str = "replay",
