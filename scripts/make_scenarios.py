@@ -61,7 +61,8 @@ from verl_exporter.render.rule_tests import expand  # noqa: E402
 from verl_exporter.render.rules import runbook_url  # noqa: E402
 from verl_exporter.render.templating import to_yaml  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
-from verl_exporter.spec.rules import Alert, duration_seconds  # noqa: E402
+from verl_exporter.spec.kinds import Alert  # noqa: E402
+from verl_exporter.spec.rules import duration_seconds  # noqa: E402
 from verl_exporter.tools import nodes  # noqa: E402
 from verl_exporter.tools import replay as rp  # noqa: E402
 
@@ -242,14 +243,12 @@ def reads(spec, alerts: list[str]) -> set[str]:
 def horizon_minutes(spec, alert: Alert) -> int:
     """How long the expression may take to see a change: its longest range that ends now (the window that
     must fill with or drain of the faulty samples; one shifted by an offset is a baseline it remembers),
-    recordings followed, or its threshold for an age (a `stale` alert)."""
+    recordings followed, or the age its kind waits for (a `stale` alert: its threshold)."""
     recordings = {r.record: r.expr for r in all_recordings(spec)}
     texts = [alert_expr(alert, spec.rules.selector)] + [recordings[n] for n in reads(spec, [alert.alert])
                                                           if n in recordings]
     ranges = [duration_seconds(m) for text in texts for m in re.findall(r"\[(\w+)(?::\w*)?\](?!\s*offset)", text)]
-    if alert.kind == "stale":
-        return math.ceil(float(alert.threshold) / 60)
-    return math.ceil(max(ranges, default=0) / 60)
+    return math.ceil(max([*ranges, alert.wait_seconds()], default=0) / 60)
 
 
 def cadence_steps(spec, alert: Alert) -> tuple[int, float]:

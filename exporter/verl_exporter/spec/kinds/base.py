@@ -103,6 +103,10 @@ class AlertBase(StrictModel):
         """The signals its in-process evaluation needs."""
         return self.signals()
 
+    def wait_seconds(self) -> float:
+        """How long its condition takes to hold after a fault beyond the windows of its PromQL (an age)."""
+        return 0.0
+
     def series_read(self) -> list[tuple[str, dict[str, str]]]:
         """The (metric, labels) series its ``judge`` reads through ``view.value``."""
         return []

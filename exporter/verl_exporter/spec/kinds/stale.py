@@ -36,6 +36,9 @@ class StaleAlert(AlertBase):
     def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
         return {"threshold": (self._age(sel), f"seconds since {self.metric}")}
 
+    def wait_seconds(self) -> float:
+        return float(self.threshold)
+
     def test_case(self, spec) -> dict:
         """A unix-time gauge that advances with time, then stops: its age grows past the threshold."""
         from ..rules import duration_seconds
