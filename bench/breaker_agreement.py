@@ -24,7 +24,7 @@ RULES = Path(__file__).resolve().parent.parent / "rules"
 def main() -> int:
     spec = load_spec()
     runs = [(f"{p} {f or 'healthy'}" + (f" @{at}" if f else ""), rp.simulate(p, rp.Fault(f, at) if f else None), tail)
-            for p, f, at, tail in ag.SCENARIOS]
+            for p, f, at, tail in rp.SCENARIOS]
     for run in yaml.safe_load((CORPUS / "corpus.yaml").read_text())["runs"]:
         runs.append((f"real {run['name']} ({run['verdict']})", rp.read_jsonl(CORPUS / run["file"]), 0))
     print("| run | pack's first critical page (step) | breaker trip (step) | lag (steps) | agree |")

@@ -12,21 +12,15 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 # isort: split
 from verl_exporter.tools import replay as rp  # noqa: E402
 
-RUNS = [("ppo", None, 0), ("grpo", None, 0), ("agentic", None, 0),
-        ("ppo", "score_drop", 150), ("agentic", "score_drop", 30), ("grpo", "collapse", 100),
-        ("agentic", "collapse", 12), ("grpo", "slow_decline", 60), ("grpo", "nan", 120), ("ppo", "slowdown", 150),
-        ("grpo", "entropy_collapse", 120), ("grpo", "kl_blowup", 120), ("ppo", "grad_spike", 150),
-        ("agentic", "clip", 20), ("ppo", "memory_leak", 150), ("agentic", "hang", 30)]
-
 
 def main() -> int:
     print("| run | fault at step | alert (severity) | first step | delay (steps) | minutes after the fault | "
           "minutes firing |")
     print("|---|---|---|---|---|---|---|")
     false = {"critical": 0, "warning": 0}
-    for profile, fault, at in RUNS:
+    for profile, fault, at, tail_s in rp.SCENARIOS:
         lines = rp.simulate(profile, rp.Fault(fault, at) if fault else None)
-        samples = rp.replay(lines, tail_s=4 * 3600 if fault == "hang" else 0)
+        samples = rp.replay(lines, tail_s=tail_s)
         minutes: dict[str, int] = {}
         fired = rp.evaluate(samples, paths.REPO / "rules", minutes_firing=minutes)
         name = f"{profile} {fault or 'healthy'} ({len(lines)} steps)"

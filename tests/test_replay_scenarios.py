@@ -102,8 +102,8 @@ def test_one_bad_batch_on_a_long_step_run_pages_nobody():
     assert fired == [], [(f.alert, f.minute) for f in fired]
 
 
-@pytest.mark.parametrize("profile,fault,at,tail_s", ag.SCENARIOS,
-                         ids=[f"{p}-{f or 'healthy'}" for p, f, *_ in ag.SCENARIOS])
+@pytest.mark.parametrize("profile,fault,at,tail_s", rp.SCENARIOS,
+                         ids=[f"{p}-{f or 'healthy'}" for p, f, *_ in rp.SCENARIOS])
 def test_the_breaker_trips_if_and_only_if_the_pack_pages_critical(profile, fault, at, tail_s):
     """The same lines on the same clock: the breaker trips iff the rules page a critical alert it judges, at
     most MAX_LAG_STEPS steps after the page, and never on a healthy run."""

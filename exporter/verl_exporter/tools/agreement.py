@@ -17,15 +17,6 @@ from . import replay as rp
 
 MAX_LAG_STEPS = 3  # the most steps the breaker may trip after the pack's first critical page
 
-# The replay engine's scenarios: (profile, fault, first faulty step, seconds of log after the last line).
-SCENARIOS = [("ppo", None, 0, 0), ("grpo", None, 0, 0), ("agentic", None, 0, 0),
-             ("ppo", "score_drop", 150, 0), ("agentic", "score_drop", 30, 0), ("grpo", "collapse", 100, 0),
-             ("agentic", "collapse", 12, 0), ("grpo", "slow_decline", 60, 0), ("grpo", "nan", 120, 0),
-             ("ppo", "slowdown", 150, 0), ("grpo", "entropy_collapse", 120, 0), ("grpo", "kl_blowup", 120, 0),
-             ("ppo", "grad_spike", 150, 0), ("agentic", "clip", 20, 0), ("ppo", "memory_leak", 150, 0),
-             ("agentic", "hang", 30, 4 * 3600)]
-
-
 @dataclass
 class Agreement:
     page: str | None  # the pack's first critical page among the alerts the breaker judges

@@ -177,6 +177,15 @@ FAULTS = ("score_drop", "collapse", "slow_decline", "clip", "memory_leak", "nan"
 HANGS = ("hang", "gpu_lost", "critical_xid")  # the run stops at the fault's step
 
 
+# The replay engine's scenarios: (profile, fault, first faulty step, seconds of log after the last line).
+SCENARIOS = [("ppo", None, 0, 0), ("grpo", None, 0, 0), ("agentic", None, 0, 0),
+             ("ppo", "score_drop", 150, 0), ("agentic", "score_drop", 30, 0), ("grpo", "collapse", 100, 0),
+             ("agentic", "collapse", 12, 0), ("grpo", "slow_decline", 60, 0), ("grpo", "nan", 120, 0),
+             ("ppo", "slowdown", 150, 0), ("grpo", "entropy_collapse", 120, 0), ("grpo", "kl_blowup", 120, 0),
+             ("ppo", "grad_spike", 150, 0), ("agentic", "clip", 20, 0), ("ppo", "memory_leak", 150, 0),
+             ("agentic", "hang", 30, 4 * 3600)]
+
+
 def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | None = None,
              seed: int = 20261130, every_key: bool = False) -> list[dict]:
     """A verl file-logger run, one dict per line: {"step": n, "data": {verl key: value}} (NaN as None).
