@@ -39,7 +39,7 @@ def test_packaged_spec_loads_and_every_name_is_unique():
 def test_good_doc_parses():
     spec = parse_spec(good_doc())
     m = spec["verl_x_seconds"]
-    assert m.labels == ("phase",) and m.sources[0].regex.fullmatch("timing_s/gen")
+    assert m.labels == ("phase",) and m.source[0].compiled.fullmatch("timing_s/gen")
 
 
 def _mutate(path, value):
@@ -93,6 +93,9 @@ BAD_CASES = [
     ("match and regex", _mutate((*M0, "source"), [{"match": "a/{phase}", "regex": "a/(?P<phase>.+)"}]),
      "exactly one of 'match' or 'regex'"),
     ("regex does not compile", _mutate((*M0, "source"), [{"regex": "a/(?P<phase>.+"}]), "does not compile"),
+    # a placeholder given twice compiles to a regex with one group twice: reported, not a re.error traceback
+    ("placeholder twice", _mutate((*M0, "source"), [{"match": "timing_s/{phase}/{phase}"}]),
+     "metrics.0.source.0: match 'timing_s/{phase}/{phase}' does not compile: redefinition of group name"),
     ("regex without group", _mutate((*M0, "source"), [{"regex": "a/b", "labels": {"phase": "x"}}]),
      "has no named group"),
     ("unknown convert", _mutate((*M0, "source"), [{"match": "a/{phase}", "convert": "gb_to_bytes"}]),

@@ -47,7 +47,7 @@ DEFAULT_URLS = {
 TOKEN_PARAM = {"dingtalk": "access_token", "wecom": "key"}
 MiB = 1024 * 1024
 # Where the generated rules' runbook_url annotations point: the only runbook links shown by default.
-DEFAULT_RUNBOOK_URLS = (RulesConfig.runbook_url,)
+DEFAULT_RUNBOOK_URLS = (RulesConfig.model_fields["runbook_url"].default,)
 
 
 def zone(name: str) -> tzinfo:

@@ -47,13 +47,13 @@ class KeyMapper:
         self._patterns: list[tuple[MetricSpec, object]] = []
         self._conditional: list[tuple[str, str, Resolved]] = []  # (key, key that must be absent, target)
         for metric in spec.metrics:
-            for rule in metric.sources:
+            for rule in metric.source:
                 if rule.when_absent:
-                    values = tuple(rule.const_labels[name] for name in metric.labels)
-                    self._conditional.append((rule.pattern, rule.when_absent, Resolved(metric, values, rule.scale)))
+                    values = tuple(rule.labels[name] for name in metric.labels)
+                    self._conditional.append((rule.pattern, rule.when_absent, Resolved(metric, values, rule.factor)))
                 elif rule.literal:
-                    values = tuple(rule.const_labels[name] for name in metric.labels)
-                    self._literal[rule.pattern] = Resolved(metric, values, rule.scale)
+                    values = tuple(rule.labels[name] for name in metric.labels)
+                    self._literal[rule.pattern] = Resolved(metric, values, rule.factor)
                 else:
                     self._patterns.append((metric, rule))
         self._cache: dict[str, Resolved | None | str] = {}
@@ -77,11 +77,11 @@ class KeyMapper:
 
     def _match_patterns(self, key: str) -> Resolved | None | str:
         for metric, rule in self._patterns:
-            m = rule.regex.fullmatch(key)
+            m = rule.compiled.fullmatch(key)
             if m is None:
                 continue
             captured = m.groupdict()
-            if any(captured[k] not in allowed for k, allowed in rule.allowed.items()):
+            if any(captured[k] not in allowed for k, allowed in rule.values.items()):
                 continue
             values, escaped = [], ""
             for name in metric.labels:
@@ -91,7 +91,7 @@ class KeyMapper:
                         return "label_too_long"
                     escaped = escaped or why
                 else:
-                    value = rule.const_labels[name]
+                    value = rule.labels[name]
                 values.append(value)
-            return Resolved(metric, tuple(values), rule.scale, escaped)
+            return Resolved(metric, tuple(values), rule.factor, escaped)
         return None

@@ -301,8 +301,10 @@ class TrainingStore:
         """An ad-hoc gauge entry for an unmapped key (cached: the cap bounds how many there are)."""
         metric = self._unmapped_specs.get(name)
         if metric is None:
-            metric = MetricSpec(name=name, type="gauge", unit="", help=f"Unmapped verl key {key!r} "
-                                "(no spec entry matches it).", layer="data", labels=())
+            # built, not validated: the file's checks would refuse the name (UNMAPPED_PREFIX is reserved for
+            # exactly this) and the missing feed
+            metric = MetricSpec.model_construct(name=name, type="gauge", help=f"Unmapped verl key {key!r} "
+                                                "(no spec entry matches it).", layer="data")
             self._unmapped_specs[name] = metric
         return metric
 

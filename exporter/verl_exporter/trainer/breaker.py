@@ -72,16 +72,16 @@ class Trip:
 
 def _key_of(metric, matchers: dict[str, str]) -> str | None:
     """The verl key an alert on this metric watches: a literal source, or a pattern filled by matchers."""
-    for rule in metric.sources:
-        if rule.literal and all(rule.const_labels.get(k) == v for k, v in matchers.items()):
+    for rule in metric.source:
+        if rule.literal and all(rule.labels.get(k) == v for k, v in matchers.items()):
             return rule.pattern
-        if "{" in rule.pattern and not rule.pattern.startswith("(") and rule.regex is not None:
-            names = rule.regex.groupindex
-            if set(names) <= set(matchers) and all(rule.const_labels.get(k, v) == v for k, v in matchers.items()):
+        if "{" in rule.pattern and not rule.pattern.startswith("(") and rule.compiled is not None:
+            names = rule.compiled.groupindex
+            if set(names) <= set(matchers) and all(rule.labels.get(k, v) == v for k, v in matchers.items()):
                 key = rule.pattern
                 for name in names:
                     key = key.replace("{" + name + "}", matchers[name])
-                if rule.regex.fullmatch(key):
+                if rule.compiled.fullmatch(key):
                     return key
     return None
 
