@@ -11,8 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import wait_for
+from helpers import robot_target
 from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, Action, ActionRunner
-from verl_exporter.relay.config import Matcher, Secret, Target
+from verl_exporter.relay.config import Matcher, Secret
 from verl_exporter.relay.metrics import RelayMetrics
 from verl_exporter.relay.payload import Alert
 from verl_exporter.relay.senders import RobotSender
@@ -152,7 +153,7 @@ def test_the_cooldown_history_stays_bounded(servers):
 def test_the_robot_sender_does_not_follow_a_redirect(servers):
     elsewhere = servers(200, b'{"errcode": 0, "errmsg": "ok"}')
     robot = servers(302, b"", {"Location": elsewhere.url + "/robot/send"})
-    target = Target("dt", "dingtalk", robot.url + "/robot/send", Secret("dt-token-1"))
+    target = robot_target("dingtalk", robot.url + "/robot/send", "dt-token-1", "dt")
     result = RobotSender(target, timeout=2).send(b'{"msgtype": "text", "text": {"content": "x"}}')
     assert (result.ok, result.retryable, result.errcode) == (False, False, "http_302")
     assert elsewhere.requests == []
