@@ -160,11 +160,11 @@ class TrainingStore:
                     key = str(key)
                     resolved = self._resolve(key)
                     if not isinstance(resolved, str):
-                        self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+                        self._count_nonfinite(resolved.name if resolved else unmapped_name(key))
             for key, resolved in self._mapper.conditional(data):  # as ingest() counts a stand-in's NaN
                 value = as_number(data[key])
                 if not isinstance(value, str) and _nonfinite(value):
-                    self._count_nonfinite(resolved.metric.name)
+                    self._count_nonfinite(resolved.name)
 
     def reset_nonfinite(self) -> None:
         """Forget the NaN counts: the followed file was truncated or replaced (counts are per file)."""
@@ -211,14 +211,14 @@ class TrainingStore:
         if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
             # Counted before any cap, and under a name that depends on the key alone, so that the count
             # can be rebuilt from the file after a restart (see count_nonfinite).
-            self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+            self._count_nonfinite(resolved.name if resolved else unmapped_name(key))
         if resolved is None:
             self._self.inc("verl_exporter_unmapped_values_total")
             self._put_unmapped(key, value)
             return
-        series = self._series.get(resolved.metric.name)
+        series = self._series.get(resolved.name)
         if series is None:
-            series = self._series[resolved.metric.name] = {}
+            series = self._series[resolved.name] = {}
         labels = resolved.label_values
         if labels not in series and len(series) >= resolved.metric.max_series:
             self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
