@@ -39,3 +39,14 @@ def robot_target(kind: str, url: str, token: str, name: str = "t"):
 
     doc = {"targets": {name: {"type": kind, "url": url, "token_env": "TOKEN"}}, "routes": [{"targets": [name]}]}
     return parse_config(doc, environ={"TOKEN": token}).targets[name]
+
+
+def stop_action(url: str, token: str, cooldown_seconds: float = 1800.0):
+    """A relay config's action that stops the run on VerlNumericalCollapse, its token read from the environment."""
+    from verl_exporter.relay.config import parse_config
+
+    doc = {"targets": {"t": {"type": "console"}}, "routes": [{"targets": ["t"]}],
+           "actions": [{"matchers": {"alertname": "VerlNumericalCollapse"}, "action": "stop", "url": url,
+                        "token_env": "TOKEN", "cooldown_seconds": cooldown_seconds}]}
+    (action,) = parse_config(doc, environ={"TOKEN": token}).actions
+    return action

@@ -11,9 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import wait_for
-from helpers import robot_target
-from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, Action, ActionRunner
-from verl_exporter.relay.config import Matcher, Secret
+from helpers import robot_target, stop_action
+from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, ActionRunner
 from verl_exporter.relay.metrics import RelayMetrics
 from verl_exporter.relay.payload import Alert
 from verl_exporter.relay.senders import RobotSender
@@ -75,8 +74,7 @@ def alert(name="VerlNumericalCollapse", fingerprint="fp-1") -> Alert:
 
 
 def runner(url: str, metrics: RelayMetrics, **kw) -> ActionRunner:
-    act = Action((Matcher("alertname", "VerlNumericalCollapse"),), "stop", url, Secret(TOKEN),
-                 kw.pop("cooldown_seconds", 1800.0))
+    act = stop_action(url, TOKEN, kw.pop("cooldown_seconds", 1800.0))
     return ActionRunner((act,), metrics, timeout=2, **kw)
 
 

@@ -35,7 +35,6 @@ from pydantic import (
 from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate
 from ..core.server import parse_listen
 from ..spec import RulesConfig
-from .actions import Action
 
 ROBOT_TYPES = ("dingtalk", "wecom")
 # A console target sends nothing: it writes each message as its `style` robot would show it (previews, the demo).
@@ -387,13 +386,24 @@ class Route(StrictModel):
         return all(m.matches(labels) for m in self.matchers)
 
 
-class ActionEntry(_Token):
+class Action(_Token):
     """For chosen alerts, ask a sidecar's control endpoint to checkpoint or stop the run (relay/actions.py)."""
 
     matchers: Matchers = Field(min_length=1, description="the alerts it acts on, e.g. {alertname: VerlX}")
     action: Literal["checkpoint", "stop"]
-    url: HttpUrl = Field(description="the rank-0 sidecar, http(s)://HOST:PORT; /control/<action> is appended")
+    url: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] = Field(
+        description="the rank-0 sidecar, http(s)://HOST:PORT; /control/<action> is appended")
     cooldown_seconds: float = Field(1800.0, ge=0, description="act at most once per alert in this time")
+
+    @property
+    def token(self) -> Secret:
+        return self.secret_of("token")
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(m.matches(labels) for m in self.matchers)
+
+    def secrets(self) -> list[str]:
+        return [self.token.get_secret_value()] if self.token.get_secret_value() else []
 
 
 class RelayConfig(_Secrets):
@@ -417,7 +427,8 @@ class RelayConfig(_Secrets):
     routes: Annotated[list[Route], AfterValidator(tuple)] = Field(
         min_length=1, description="evaluated per alert, in order; the first match decides unless it says "
                                   "continue: true")
-    actions: list[ActionEntry] = Field(default_factory=tuple, description="checkpoint/stop requests")
+    actions: Annotated[list[Action], AfterValidator(tuple)] = Field(default_factory=tuple,
+                                                                    description="checkpoint/stop requests")
 
     @field_validator("listen")
     @classmethod
@@ -445,13 +456,6 @@ class RelayConfig(_Secrets):
         for name, t in targets.items():
             t._name, t._runbook_urls = name, urls
         return targets
-
-    @field_validator("actions")
-    @classmethod
-    def _running_actions(cls, actions: list[ActionEntry]) -> tuple[Action, ...]:
-        """Each action in the form relay/actions.py runs, with its secret."""
-        return tuple(Action(a.matchers, a.action, a.url.rstrip("/"), a.secret_of("token"), a.cooldown_seconds)
-                     for a in actions)
 
     @property
     def bearer_token(self) -> Secret | None:
