@@ -290,8 +290,9 @@ class TrainingStore:
             out.append((self._step_metric, {(): step}))
             out.append((self._step_time_metric, {(): step_time}))
         out.append((self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}))
-        out.extend((self._spec[name], series[name]) for name in sorted(series))
-        out.extend((self._spec[name], rows) for name, rows in sorted(detector_rows.items()))
+        by_name = self._spec.by_name  # one dict for every family (a lookup through the Spec model costs more)
+        out.extend((by_name[name], series[name]) for name in sorted(series))
+        out.extend((by_name[name], rows) for name, rows in sorted(detector_rows.items()))
         for name in sorted(unmapped):
             key, value = unmapped[name]
             out.append((self._unmapped_spec(name, key), {(): value}))
