@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+from pydantic import ValidationError
 from verl_exporter.spec import SpecError, load_spec, parse_spec
 
 
@@ -40,6 +41,17 @@ def test_good_doc_parses():
     spec = parse_spec(good_doc())
     m = spec["verl_x_seconds"]
     assert m.labels == ("phase",) and m.source[0].compiled.fullmatch("timing_s/gen")
+
+
+def test_the_spec_is_immutable_and_a_copy_is_indexed_by_its_own_metrics():
+    """Spec caches its index by name: a model_copy with other metrics must not answer from the original's."""
+    spec = parse_spec(good_doc())
+    metric = spec["verl_x_seconds"]  # fills the cache
+    with pytest.raises(ValidationError):
+        metric.help = "Changed."
+    changed = metric.model_copy(update={"help": "Changed."})
+    copied = spec.model_copy(update={"metrics": tuple(changed if m is metric else m for m in spec.metrics)})
+    assert copied["verl_x_seconds"].help == "Changed." and spec["verl_x_seconds"].help == "X."
 
 
 def _mutate(path, value):
