@@ -31,3 +31,22 @@ def results_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = RESULT_
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
+
+
+def robot_target(kind: str, url: str, token: str, name: str = "t"):
+    """A robot target as a relay config defines it, its token read from the environment it is given."""
+    from verl_exporter.relay.config import parse_config
+
+    doc = {"targets": {name: {"type": kind, "url": url, "token_env": "TOKEN"}}, "routes": [{"targets": [name]}]}
+    return parse_config(doc, environ={"TOKEN": token}).targets[name]
+
+
+def stop_action(url: str, token: str, cooldown_seconds: float = 1800.0):
+    """A relay config's action that stops the run on VerlNumericalCollapse, its token read from the environment."""
+    from verl_exporter.relay.config import parse_config
+
+    doc = {"targets": {"t": {"type": "console"}}, "routes": [{"targets": ["t"]}],
+           "actions": [{"matchers": {"alertname": "VerlNumericalCollapse"}, "action": "stop", "url": url,
+                        "token_env": "TOKEN", "cooldown_seconds": cooldown_seconds}]}
+    (action,) = parse_config(doc, environ={"TOKEN": token}).actions
+    return action

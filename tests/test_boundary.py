@@ -151,8 +151,8 @@ def test_a_renderer_that_raises_costs_only_its_own_part():
 def test_a_series_whose_value_is_not_a_number_costs_only_its_family():
     failed = []
     renderer = TextRenderer(on_error=lambda name, e: failed.append(name))
-    gauge = MetricSpec(name="g", type="gauge", unit="", help="h", layer="data", labels=("l",))
-    other = MetricSpec(name="o", type="gauge", unit="", help="h", layer="data", labels=())
+    gauge = MetricSpec.model_construct(name="g", type="gauge", help="h", layer="data", labels=("l",))
+    other = MetricSpec.model_construct(name="o", type="gauge", help="h", layer="data")
     text = renderer.render([(gauge, {("a",): "not a number"}), (other, {(): 1.0})])
     m = parse_metrics(text)
     assert sample(m, "o") == 1.0 and sample(m, "g") is None

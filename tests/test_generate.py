@@ -247,7 +247,6 @@ NASTY = "it's \"quoted\", C:\\path: {{ not_jinja }}\n* second line #not a commen
 def test_spec_text_reaches_the_yaml_exactly_whatever_it_holds():
     # every value goes through a serialising filter: quotes, a backslash, ': ', '{{', a newline and a
     # leading '*' (a YAML alias) come back as written
-    from dataclasses import replace
 
     from verl_exporter.render.alertmanager import render_alertmanager
     from verl_exporter.render.rules import ALERTS_FILE, render_rules
@@ -255,9 +254,8 @@ def test_spec_text_reaches_the_yaml_exactly_whatever_it_holds():
     metric = next(m for m in SPEC.metrics if m.alerts)
     alert = metric.alerts[0].model_copy(update={"summary": "*" + NASTY, "description": NASTY,
                                                 "labels": {**metric.alerts[0].labels, "team": NASTY}})
-    changed = replace(metric, alerts=(alert, *metric.alerts[1:]))
-    spec = replace(SPEC, metrics=tuple(changed if m is metric else m for m in SPEC.metrics),
-                   by_name={**SPEC.by_name, metric.name: changed})
+    changed = metric.model_copy(update={"alerts": (alert, *metric.alerts[1:])})
+    spec = SPEC.model_copy(update={"metrics": tuple(changed if m is metric else m for m in SPEC.metrics)})
     rules = yaml.safe_load(render_rules(spec)[ALERTS_FILE])
     (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert.alert]
     assert rule["annotations"]["summary"] == "*" + NASTY and rule["annotations"]["description"] == NASTY

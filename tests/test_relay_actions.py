@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import wait_for
-from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, Action, ActionRunner
-from verl_exporter.relay.config import Matcher, Secret, Target
+from helpers import robot_target, stop_action
+from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, ActionRunner
 from verl_exporter.relay.metrics import RelayMetrics
 from verl_exporter.relay.payload import Alert
 from verl_exporter.relay.senders import RobotSender
@@ -74,8 +74,7 @@ def alert(name="VerlNumericalCollapse", fingerprint="fp-1") -> Alert:
 
 
 def runner(url: str, metrics: RelayMetrics, **kw) -> ActionRunner:
-    act = Action((Matcher("alertname", "VerlNumericalCollapse"),), "stop", url, Secret(TOKEN),
-                 kw.pop("cooldown_seconds", 1800.0))
+    act = stop_action(url, TOKEN, kw.pop("cooldown_seconds", 1800.0))
     return ActionRunner((act,), metrics, timeout=2, **kw)
 
 
@@ -152,7 +151,7 @@ def test_the_cooldown_history_stays_bounded(servers):
 def test_the_robot_sender_does_not_follow_a_redirect(servers):
     elsewhere = servers(200, b'{"errcode": 0, "errmsg": "ok"}')
     robot = servers(302, b"", {"Location": elsewhere.url + "/robot/send"})
-    target = Target("dt", "dingtalk", robot.url + "/robot/send", Secret("dt-token-1"))
+    target = robot_target("dingtalk", robot.url + "/robot/send", "dt-token-1", "dt")
     result = RobotSender(target, timeout=2).send(b'{"msgtype": "text", "text": {"content": "x"}}')
     assert (result.ok, result.retryable, result.errcode) == (False, False, "http_302")
     assert elsewhere.requests == []

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from conftest import http_get, parse_metrics, post_json, sample, wait_for
+from helpers import stop_action
 from robots import FakeDingTalk, FakeWeCom
-from verl_exporter.relay.actions import Action, ActionRunner
+from verl_exporter.relay.actions import ActionRunner
 from verl_exporter.relay.app import Relay
-from verl_exporter.relay.config import Matcher, Secret, parse_config
+from verl_exporter.relay.config import parse_config
 from verl_exporter.relay.dispatch import SPOOL_PREFIX, Dispatcher, Queued
 from verl_exporter.relay.journal import JOURNAL
 from verl_exporter.relay.metrics import RelayMetrics
@@ -255,7 +256,7 @@ class GarbageServer:
 def test_a_control_endpoint_that_answers_garbage_does_not_stop_later_actions():
     server = GarbageServer()
     metrics = RelayMetrics()
-    act = Action((Matcher("alertname", "VerlNumericalCollapse"),), "stop", server.url, Secret("tok"), 0.0)
+    act = stop_action(server.url, "tok", 0.0)
     runner = ActionRunner((act,), metrics, attempts=1, sleep=lambda s: None)
     now = datetime.now(timezone.utc)
     for i in range(3):

@@ -28,8 +28,9 @@ from conftest import (
     sample,
     wait_for,
 )
+from helpers import robot_target
 from robots import FakeDingTalk, FakeWeCom
-from verl_exporter.relay.config import MiB, Secret, Target, parse_config
+from verl_exporter.relay.config import MiB, Target, parse_config
 from verl_exporter.relay.format import DINGTALK_MAX_BODY, WECOM_MAX_CONTENT, format_messages
 from verl_exporter.relay.payload import Alert, parse_alert
 from verl_exporter.relay.summary import SUMMARY_MIN, compact, summarise, weight
@@ -96,7 +97,7 @@ def down(i: int, status: str = "firing", run: str = "ppo", **labels) -> Alert:
 
 
 def robot(kind: str) -> Target:
-    return Target("t", kind, "https://robot.invalid", Secret("x"))
+    return robot_target(kind, "https://robot.invalid", "x")
 
 
 @pytest.mark.parametrize("kind", ["dingtalk", "wecom"])

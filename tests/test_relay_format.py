@@ -12,7 +12,8 @@ from zoneinfo import ZoneInfo
 import pytest
 import yaml
 from conftest import REPO
-from verl_exporter.relay.config import RelayConfigError, Secret, Target, parse_config
+from helpers import robot_target
+from verl_exporter.relay.config import RelayConfigError, Target, parse_config
 from verl_exporter.relay.format import (
     DINGTALK_MAX_BODY,
     TemplateError,
@@ -44,8 +45,8 @@ def target(kind="dingtalk", fmt="markdown", **kw) -> Target:
     defaults = {"mention_mobiles": ("13800000000",)}
     if kind == "wecom":
         defaults["mention_userids"] = ("zhangsan",)
-    return Target(name=kind, type=kind, url="http://127.0.0.1:1/x", token=Secret("t"), format=fmt,
-                  **{**defaults, **kw})
+    return robot_target(kind, "http://127.0.0.1:1/x", "t", kind).model_copy(
+        update={"format": fmt, **defaults, **kw})
 
 
 # ---------------------------------------------------------------- grouping, title, order

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+from pydantic import ValidationError
 from verl_exporter.spec import SpecError, load_spec, parse_spec
 
 
@@ -39,7 +40,18 @@ def test_packaged_spec_loads_and_every_name_is_unique():
 def test_good_doc_parses():
     spec = parse_spec(good_doc())
     m = spec["verl_x_seconds"]
-    assert m.labels == ("phase",) and m.sources[0].regex.fullmatch("timing_s/gen")
+    assert m.labels == ("phase",) and m.source[0].compiled.fullmatch("timing_s/gen")
+
+
+def test_the_spec_is_immutable_and_a_copy_is_indexed_by_its_own_metrics():
+    """Spec caches its index by name: a model_copy with other metrics must not answer from the original's."""
+    spec = parse_spec(good_doc())
+    metric = spec["verl_x_seconds"]  # fills the cache
+    with pytest.raises(ValidationError):
+        metric.help = "Changed."
+    changed = metric.model_copy(update={"help": "Changed."})
+    copied = spec.model_copy(update={"metrics": tuple(changed if m is metric else m for m in spec.metrics)})
+    assert copied["verl_x_seconds"].help == "Changed." and spec["verl_x_seconds"].help == "X."
 
 
 def _mutate(path, value):
@@ -93,6 +105,9 @@ BAD_CASES = [
     ("match and regex", _mutate((*M0, "source"), [{"match": "a/{phase}", "regex": "a/(?P<phase>.+)"}]),
      "exactly one of 'match' or 'regex'"),
     ("regex does not compile", _mutate((*M0, "source"), [{"regex": "a/(?P<phase>.+"}]), "does not compile"),
+    # a placeholder given twice compiles to a regex with one group twice: reported, not a re.error traceback
+    ("placeholder twice", _mutate((*M0, "source"), [{"match": "timing_s/{phase}/{phase}"}]),
+     "metrics.0.source.0: match 'timing_s/{phase}/{phase}' does not compile: redefinition of group name"),
     ("regex without group", _mutate((*M0, "source"), [{"regex": "a/b", "labels": {"phase": "x"}}]),
      "has no named group"),
     ("unknown convert", _mutate((*M0, "source"), [{"match": "a/{phase}", "convert": "gb_to_bytes"}]),

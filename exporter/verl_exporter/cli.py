@@ -290,8 +290,8 @@ def cmd_spec(args) -> int:
         return 0
     rows = []
     for m in spec.metrics:
-        if m.sources:
-            feeds = ", ".join(s.pattern for s in m.sources)
+        if m.source:
+            feeds = ", ".join(s.pattern for s in m.source)
         else:
             feeds = next(f"{k}:{getattr(m, k)}" for k in ("field", "collector", "instrumented_by") if getattr(m, k))
         rows.append((m.name, m.type, m.unit or "-", m.layer, ",".join(m.labels) or "-", feeds))
@@ -362,9 +362,7 @@ def cmd_generate(args) -> int:
     if spec is None:
         return 1
     if args.relay_url:
-        import dataclasses
-
-        spec = dataclasses.replace(spec, rules=dataclasses.replace(spec.rules, relay_url=args.relay_url))
+        spec = spec.model_copy(update={"rules": spec.rules.model_copy(update={"relay_url": args.relay_url})})
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         print(f"verl-exporter: --out {args.out} is not a directory", file=sys.stderr)

@@ -113,21 +113,21 @@ def keys_of(metric, labels: Mapping[str, str]) -> list[tuple[str, float]]:
     """The verl keys (and their scale) that feed one series of a spec metric: literal sources whose constant
     labels agree, and `match:` patterns filled in from the labels."""
     out: list[tuple[str, float]] = []
-    for rule in metric.sources:
-        if any(rule.const_labels.get(k, v) != v for k, v in labels.items()):
+    for rule in metric.source:
+        if any(rule.labels.get(k, v) != v for k, v in labels.items()):
             continue
         if rule.literal:
-            if all(labels.get(k) == v for k, v in rule.const_labels.items()):
-                out.append((rule.pattern, rule.scale))
+            if all(labels.get(k) == v for k, v in rule.labels.items()):
+                out.append((rule.pattern, rule.factor))
             continue
         key = rule.pattern
-        for name in rule.regex.groupindex:
+        for name in rule.compiled.groupindex:
             if name not in labels:
                 break
             key = key.replace("{" + name + "}", labels[name])
         else:
-            if "{" not in key and rule.regex.fullmatch(key):
-                out.append((key, rule.scale))
+            if "{" not in key and rule.compiled.fullmatch(key):
+                out.append((key, rule.factor))
     return out
 
 

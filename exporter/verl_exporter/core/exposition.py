@@ -109,27 +109,26 @@ class TextRenderer:
         self._headers: dict[tuple[str, bool], str] = {}
         self._prefixes: dict[tuple[str, tuple[str, ...]], str] = {}
 
-    def _header(self, metric: MetricSpec, openmetrics: bool) -> str:
-        cached = self._headers.get((metric.name, openmetrics))
+    def _header(self, metric: MetricSpec, name: str, openmetrics: bool) -> str:
+        cached = self._headers.get((name, openmetrics))
         if cached is None:
-            name = metric.name
-            if metric.type == "counter" and openmetrics:
-                name = name[: -len("_total")]  # OpenMetrics names the family without the suffix
-            cached = (f"# HELP {name} {safe_text(_escape_help(metric.help, openmetrics))}\n"
-                      f"# TYPE {name} {metric.type}\n")
-            self._headers[(metric.name, openmetrics)] = cached
+            # OpenMetrics names a counter's family without the suffix
+            family = name[: -len("_total")] if metric.type == "counter" and openmetrics else name
+            cached = (f"# HELP {family} {safe_text(_escape_help(metric.help, openmetrics))}\n"
+                      f"# TYPE {family} {metric.type}\n")
+            self._headers[(name, openmetrics)] = cached
         return cached
 
-    def _prefix(self, metric: MetricSpec, key: tuple[str, ...]) -> str:
-        cached = self._prefixes.get((metric.name, key))
+    def _prefix(self, metric: MetricSpec, name: str, key: tuple[str, ...]) -> str:
+        cached = self._prefixes.get((name, key))
         if cached is None:
             # Sorted by name, as client_python writes them.
             pairs = sorted([*zip(metric.labels, key, strict=True), *self._const.items()])
             labels = ",".join(f'{n}="{_escape_label(safe_text(v))}"' for n, v in pairs)
-            cached = f"{metric.name}{{{labels}}} " if labels else f"{metric.name} "
+            cached = f"{name}{{{labels}}} " if labels else f"{name} "
             if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
                 self._prefixes.clear()
-            self._prefixes[(metric.name, key)] = cached
+            self._prefixes[(name, key)] = cached
         return cached
 
     def render(self, series: Iterable[tuple[MetricSpec, Mapping[tuple[str, ...], float]]],
@@ -137,9 +136,10 @@ class TextRenderer:
         out: list[str] = []
         for metric, rows in series:
             try:
-                family = [self._header(metric, openmetrics)]
+                name = metric.name  # once per family: a spec model's attribute costs ~3x a local's
+                family = [self._header(metric, name, openmetrics)]
                 for key, value in sorted(rows.items()):
-                    family.append(self._prefix(metric, key))
+                    family.append(self._prefix(metric, name, key))
                     family.append(floatToGoString(value))
                     family.append("\n")
             except Exception as e:  # one bad family costs only itself

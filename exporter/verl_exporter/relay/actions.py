@@ -8,7 +8,7 @@ or stop the run (see ``verl_exporter/sidecar/control.py``).
         token_env: VERL_CONTROL_TOKEN      # or token_file
         cooldown_seconds: 1800             # act at most once per alert (fingerprint) in this time
 
-Off unless configured (config.ActionEntry is the model of an entry). Only firing alerts trigger; each call
+Off unless configured (config.Action is the model of an entry). Only firing alerts trigger; each call
 is logged and counted in verl_relay_actions_total{action,result}; the token is a Secret and never logged.
 Calls run on their own thread with a few retries, so a slow or absent trainer never holds up alert
 delivery. Redirects are never followed (the token would go to another address), and only an answer that
@@ -26,29 +26,14 @@ import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
-from dataclasses import dataclass
 
+from .config import Action
 from .nofollow import OPENER
 
 log = logging.getLogger(__name__)
 
 # Cooldown entries kept at most (oldest dropped first): a flood of distinct alerts cannot grow memory.
 MAX_COOLDOWN_KEYS = 10_000
-
-
-@dataclass(frozen=True)
-class Action:
-    matchers: tuple  # of config.Matcher
-    action: str  # checkpoint or stop
-    url: str
-    token: object  # config.Secret
-    cooldown_seconds: float = 1800.0
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        return all(m.matches(labels) for m in self.matchers)
-
-    def secrets(self) -> list[str]:
-        return [self.token.get_secret_value()] if self.token is not None and self.token.get_secret_value() else []
 
 
 class ActionRunner:

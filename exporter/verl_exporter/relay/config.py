@@ -5,15 +5,15 @@ a file is reported at once as ``FILE:LINE: key.path: message``, unknown keys inc
 DingTalk signing secrets, the webhook bearer token, action tokens) are given as ``*_env`` (a variable's name)
 or ``*_file`` (a path) and read while the file is validated into ``Secret`` (pydantic's SecretStr), which
 prints as ``<secret>``: a config object can be logged, repr'd or put in an exception safely, and a message names
-the variable or file, never a value. The validated file becomes a ``RelayConfig`` of plain dataclasses that the
-relay runs on.
+the variable or file, never a value. The validated models are what the relay runs on (a target's secrets as
+``token`` and ``secret``, the webhook's as ``bearer_token``).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import timezone, tzinfo
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -23,6 +23,7 @@ from pydantic import (
     AfterValidator,
     Field,
     PlainValidator,
+    PrivateAttr,
     SecretStr,
     StringConstraints,
     ValidationInfo,
@@ -34,7 +35,6 @@ from pydantic import (
 from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate
 from ..core.server import parse_listen
 from ..spec import RulesConfig
-from .actions import Action
 
 ROBOT_TYPES = ("dingtalk", "wecom")
 # A console target sends nothing: it writes each message as its `style` robot would show it (previews, the demo).
@@ -47,7 +47,7 @@ DEFAULT_URLS = {
 TOKEN_PARAM = {"dingtalk": "access_token", "wecom": "key"}
 MiB = 1024 * 1024
 # Where the generated rules' runbook_url annotations point: the only runbook links shown by default.
-DEFAULT_RUNBOOK_URLS = (RulesConfig.runbook_url,)
+DEFAULT_RUNBOOK_URLS = (RulesConfig.model_fields["runbook_url"].default,)
 
 
 def zone(name: str) -> tzinfo:
@@ -78,42 +78,6 @@ class Secret(SecretStr):
 
 
 # ---------------------------------------------------------------------------------------------- the running form
-@dataclass(frozen=True)
-class Target:
-    name: str
-    type: str
-    url: str
-    token: Secret
-    secret: Secret | None = None
-    mention_mobiles: tuple[str, ...] = ()
-    mention_userids: tuple[str, ...] = ()
-    mention_severities: tuple[str, ...] = ("critical",)
-    mention_all_severities: tuple[str, ...] = ()
-    format: str = "markdown"
-    rate_per_minute: int = 20
-    template: str | None = None  # template source text (read at load), replacing the default for `format`
-    text_template: str | None = None  # for the text fallback (WeCom mentions that must ring)
-    runbook_urls: tuple[str, ...] = DEFAULT_RUNBOOK_URLS  # a runbook_url under none of these is not linked
-    # console targets only: the robot whose formatting they reproduce, where and what they write
-    style: str = ""
-    file: Path | None = None  # None: standard output
-    show: str = "rendered"
-    color: str = "auto"
-
-    def secrets(self) -> list[str]:
-        """The values to scrub from any text before it is logged."""
-        return [s.get_secret_value() for s in (self.token, self.secret) if s is not None and s.get_secret_value()]
-
-    @property
-    def robot(self) -> str:
-        """The robot whose message format this target uses (dingtalk or wecom)."""
-        return self.style or self.type
-
-    def as_robot(self) -> Target:
-        """This target as its robot for formatting: a console target formats exactly as its `style` robot."""
-        return replace(self, type=self.style) if self.type == "console" else self
-
-
 @dataclass(frozen=True)
 class Matcher:
     label: str
@@ -150,40 +114,6 @@ class Delivery(StrictModel):
         """Retry a retryable failure while attempts and the total time per message allow it."""
         return (result.retryable and attempt < self.max_attempts
                 and elapsed + self.backoff(attempt) <= self.max_retry_seconds)
-
-
-@dataclass(frozen=True)
-class RelayConfig:
-    targets: dict[str, Target]
-    routes: tuple[Route, ...]
-    listen: str = "127.0.0.1:9095"
-    bearer_token: Secret | None = None
-    max_body_bytes: int = MiB
-    spool_dir: Path | None = None
-    timezone: str = "UTC"
-    delivery: Delivery = field(default_factory=Delivery)
-    actions: tuple[Action, ...] = ()  # checkpoint/stop requests for chosen alerts
-
-    def knows_receiver(self, receiver: str) -> bool:
-        """A receiver is known when some route names it or some route takes any receiver."""
-        return any(not r.receivers or receiver in r.receivers for r in self.routes)
-
-    def targets_for(self, receiver: str, labels: dict[str, str]) -> list[str]:
-        """Routes are evaluated in order; the first match wins unless it says `continue: true`."""
-        out: list[str] = []
-        for route in self.routes:
-            if route.matches(receiver, labels):
-                out.extend(t for t in route.targets if t not in out)
-                if not route.continue_:
-                    break
-        return out
-
-    def secrets(self) -> list[str]:
-        values = [v for t in self.targets.values() for v in t.secrets()]
-        if self.bearer_token is not None and self.bearer_token.get_secret_value():
-            values.append(self.bearer_token.get_secret_value())
-        values += [v for a in self.actions for v in a.secrets()]
-        return values
 
 
 # ---------------------------------------------------------------------------------------------- the file
@@ -321,21 +251,60 @@ class _Token(_Secrets):
 class _TargetBase(StrictModel):
     """What every target has: a console target formats exactly as its robot."""
 
-    mention_mobiles: list[Mobile] = Field(
-        default_factory=list, description="mobiles @-mentioned (DingTalk; WeCom in text messages)")
-    mention_severities: list[Severity] = Field(["critical"], description="mention only when a firing alert of "
-                                                                         "these severities is in the message")
-    mention_all_severities: list[Severity] = Field(default_factory=list, description="@all for these severities")
+    mention_mobiles: Annotated[list[Mobile], AfterValidator(tuple)] = Field(
+        default_factory=tuple, description="mobiles @-mentioned (DingTalk; WeCom in text messages)")
+    mention_severities: Annotated[list[Severity], AfterValidator(tuple)] = Field(
+        ("critical",), description="mention only when a firing alert of these severities is in the message")
+    mention_all_severities: Annotated[list[Severity], AfterValidator(tuple)] = Field(
+        default_factory=tuple, description="@all for these severities")
     format: Literal["markdown", "text"] = "markdown"
     rate_per_minute: int = Field(20, ge=1, le=20, description="messages a minute; over 20 DingTalk locks the "
                                                               "robot for 10 minutes")
     template: TemplateFile | None = Field(None, description="Jinja template (relative to this file) replacing "
                                                             "the default listing; checked at load")
     text_template: TemplateFile | None = Field(None, description="the same for the text fallback")
+    # Not keys of the target: its name under `targets:` and the file's runbook_urls (a runbook_url under none of
+    # these is not linked), given by the RelayConfig that holds it.
+    _name: str = PrivateAttr("")
+    _runbook_urls: tuple[str, ...] = PrivateAttr(DEFAULT_RUNBOOK_URLS)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def runbook_urls(self) -> tuple[str, ...]:
+        return self._runbook_urls
+
+    def secrets(self) -> list[str]:
+        """The values to scrub from any text before it is logged."""
+        return [s.get_secret_value() for s in (self.token, self.secret) if s is not None and s.get_secret_value()]
+
+    @property
+    def robot(self) -> str:
+        """The robot whose message format this target uses (dingtalk or wecom)."""
+        return self.style or self.type
+
+    def as_robot(self) -> Target:
+        """This target as its robot for formatting: a console target formats exactly as its `style` robot."""
+        return self.model_copy(update={"type": self.style}) if self.type == "console" else self
 
 
 class _Robot(_TargetBase, _Token):
     KIND: ClassVar[str]
+    # what only a console target sets
+    style: ClassVar[str] = ""
+    file: ClassVar[Path | None] = None  # None: standard output
+    show: ClassVar[str] = "rendered"
+    color: ClassVar[str] = "auto"
+
+    @property
+    def token(self) -> Secret:
+        return self.secret_of("token")
+
+    @property
+    def secret(self) -> Secret | None:
+        return self.secret_of("secret")
 
     @field_validator("url", check_fields=False)
     @classmethod
@@ -355,6 +324,7 @@ class DingTalkTarget(_Robot):
     url: HttpUrl = Field(DEFAULT_URLS["dingtalk"], description="the robot's endpoint, without access_token")
     secret_env: EnvSecret | None = Field(None, description="the environment variable holding the SEC... secret")
     secret_file: FileSecret | None = Field(None, description="the file holding the SEC... secret")
+    mention_userids: ClassVar[tuple[str, ...]] = ()  # DingTalk mentions by mobile
 
 
 class WeComTarget(_Robot):
@@ -363,7 +333,8 @@ class WeComTarget(_Robot):
     KIND: ClassVar[str] = "wecom"
     type: Literal["wecom"]
     url: HttpUrl = Field(DEFAULT_URLS["wecom"], description="the robot's endpoint, without key")
-    mention_userids: list[UserId] = Field(default_factory=list, description="user ids @-mentioned")
+    mention_userids: Annotated[list[UserId], AfterValidator(tuple)] = Field(default_factory=tuple,
+                                                                            description="user ids @-mentioned")
 
 
 class ConsoleTarget(_TargetBase):
@@ -374,7 +345,14 @@ class ConsoleTarget(_TargetBase):
     show: Literal["rendered", "body"] = Field("rendered", description="as the chat shows it, or the JSON body")
     color: Literal["auto", "always", "never"] = "auto"
     file: Annotated[PathText, AfterValidator(_console_file)] | None = Field(None, description="default: stdout")
-    mention_userids: list[UserId] = Field(default_factory=list, description="user ids @-mentioned (style wecom)")
+    mention_userids: Annotated[list[UserId], AfterValidator(tuple)] = Field(
+        default_factory=tuple, description="user ids @-mentioned (style wecom)")
+    url: ClassVar[str] = ""  # it sends nothing: no endpoint, no secrets
+    secret: ClassVar[None] = None
+
+    @property
+    def token(self) -> Secret:
+        return Secret("", "none (console)")
 
     @model_validator(mode="after")
     def _userids(self):
@@ -383,18 +361,7 @@ class ConsoleTarget(_TargetBase):
         return self
 
 
-TargetEntry = Annotated[DingTalkTarget | WeComTarget | ConsoleTarget, Field(discriminator="type")]
-
-
-def _target(name: str, t: TargetEntry) -> Target:
-    common = {"mention_mobiles": tuple(t.mention_mobiles), "mention_userids": tuple(getattr(t, "mention_userids", ())),
-              "mention_severities": tuple(t.mention_severities),
-              "mention_all_severities": tuple(t.mention_all_severities), "format": t.format,
-              "rate_per_minute": t.rate_per_minute, "template": t.template, "text_template": t.text_template}
-    if isinstance(t, ConsoleTarget):
-        return Target(name, "console", "", Secret("", "none (console)"), style=t.style, file=t.file, show=t.show,
-                      color=t.color, **common)
-    return Target(name, t.type, t.url, t.secret_of("token"), t.secret_of("secret"), **common)
+Target = Annotated[DingTalkTarget | WeComTarget | ConsoleTarget, Field(discriminator="type")]
 
 
 class Route(StrictModel):
@@ -419,16 +386,27 @@ class Route(StrictModel):
         return all(m.matches(labels) for m in self.matchers)
 
 
-class ActionEntry(_Token):
+class Action(_Token):
     """For chosen alerts, ask a sidecar's control endpoint to checkpoint or stop the run (relay/actions.py)."""
 
     matchers: Matchers = Field(min_length=1, description="the alerts it acts on, e.g. {alertname: VerlX}")
     action: Literal["checkpoint", "stop"]
-    url: HttpUrl = Field(description="the rank-0 sidecar, http(s)://HOST:PORT; /control/<action> is appended")
+    url: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] = Field(
+        description="the rank-0 sidecar, http(s)://HOST:PORT; /control/<action> is appended")
     cooldown_seconds: float = Field(1800.0, ge=0, description="act at most once per alert in this time")
 
+    @property
+    def token(self) -> Secret:
+        return self.secret_of("token")
 
-class RelayFile(_Secrets):
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(m.matches(labels) for m in self.matchers)
+
+    def secrets(self) -> list[str]:
+        return [self.token.get_secret_value()] if self.token.get_secret_value() else []
+
+
+class RelayConfig(_Secrets):
     """relay.yaml: where Alertmanager's webhooks go (targets, routes) and what the relay does about them."""
 
     listen: str = Field("127.0.0.1:9095", description="HOST:PORT of the webhook, /healthz and /metrics")
@@ -439,16 +417,18 @@ class RelayFile(_Secrets):
                                                           "alert, 200 x ~2.2 KB in the generated config")
     spool_dir: Annotated[PathText, AfterValidator(_spool_dir)] | None = Field(
         None, description="journal of accepted alerts and leftovers at shutdown, resent at the next start")
-    runbook_urls: list[HttpUrl] = Field(
-        list(DEFAULT_RUNBOOK_URLS), description="an alert's runbook_url is a link only under one of these "
+    runbook_urls: Annotated[list[HttpUrl], AfterValidator(tuple)] = Field(
+        DEFAULT_RUNBOOK_URLS, description="an alert's runbook_url is a link only under one of these "
         "(same scheme, host and port; the path at or below); any other is shown as plain text. Default: the "
         "generated rules' runbook")
     timezone: str = Field("UTC", description="IANA zone of the times in messages, e.g. Asia/Shanghai")
     delivery: Delivery = Field(default_factory=Delivery)
-    targets: dict[Name, TargetEntry] = Field(min_length=1, description="robots (and consoles) by name")
-    routes: list[Route] = Field(min_length=1, description="evaluated per alert, in order; the first match "
-                                                               "decides unless it says continue: true")
-    actions: list[ActionEntry] = Field(default_factory=list, description="checkpoint/stop requests")
+    targets: dict[Name, Target] = Field(min_length=1, description="robots (and consoles) by name")
+    routes: Annotated[list[Route], AfterValidator(tuple)] = Field(
+        min_length=1, description="evaluated per alert, in order; the first match decides unless it says "
+                                  "continue: true")
+    actions: Annotated[list[Action], AfterValidator(tuple)] = Field(default_factory=tuple,
+                                                                    description="checkpoint/stop requests")
 
     @field_validator("listen")
     @classmethod
@@ -468,15 +448,39 @@ class RelayFile(_Secrets):
             raise ValueError(f"{value!r} is not a known IANA zone (e.g. UTC, Asia/Shanghai)") from None
         return value
 
-    def config(self) -> RelayConfig:
-        return RelayConfig(
-            targets={name: replace(_target(name, t), runbook_urls=tuple(self.runbook_urls))
-                     for name, t in self.targets.items()},
-            routes=tuple(self.routes),
-            listen=self.listen, bearer_token=self.secret_of("bearer_token"), max_body_bytes=self.max_body_bytes,
-            spool_dir=self.spool_dir, timezone=self.timezone, delivery=self.delivery,
-            actions=tuple(Action(a.matchers, a.action, a.url.rstrip("/"), a.secret_of("token"),
-                                 a.cooldown_seconds) for a in self.actions))
+    @field_validator("targets")
+    @classmethod
+    def _name_targets(cls, targets: dict[str, Target], info: ValidationInfo) -> dict[str, Target]:
+        """Each target told its name and the runbook links it may show (set once, on targets just validated)."""
+        urls = info.data.get("runbook_urls", DEFAULT_RUNBOOK_URLS)
+        for name, t in targets.items():
+            t._name, t._runbook_urls = name, urls
+        return targets
+
+    @property
+    def bearer_token(self) -> Secret | None:
+        return self.secret_of("bearer_token")
+
+    def knows_receiver(self, receiver: str) -> bool:
+        """A receiver is known when some route names it or some route takes any receiver."""
+        return any(not r.receivers or receiver in r.receivers for r in self.routes)
+
+    def targets_for(self, receiver: str, labels: dict[str, str]) -> list[str]:
+        """Routes are evaluated in order; the first match wins unless it says `continue: true`."""
+        out: list[str] = []
+        for route in self.routes:
+            if route.matches(receiver, labels):
+                out.extend(t for t in route.targets if t not in out)
+                if not route.continue_:
+                    break
+        return out
+
+    def secrets(self) -> list[str]:
+        values = [v for t in self.targets.values() for v in t.secrets()]
+        if self.bearer_token is not None and self.bearer_token.get_secret_value():
+            values.append(self.bearer_token.get_secret_value())
+        values += [v for a in self.actions for v in a.secrets()]
+        return values
 
 
 def _hint(err: dict, path: tuple) -> str | None:
@@ -519,8 +523,7 @@ def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] |
     targets = doc.get("targets")
     context = {"base_dir": Path(base_dir), "environ": os.environ if environ is None else environ,
                "secrets_needed": secrets_needed, "targets": set(targets) if isinstance(targets, dict) else set()}
-    model = validate(RelayFile, doc, origin, lines, RelayConfigError, _hint, context, locate=_untagged)
-    return model.config()
+    return validate(RelayConfig, doc, origin, lines, RelayConfigError, _hint, context, locate=_untagged)
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None, secrets_needed: bool = True) -> RelayConfig:
@@ -530,4 +533,4 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None, secrets
 
 def schema() -> dict:
     """The JSON Schema of a relay config file."""
-    return json_schema(RelayFile, "verl-exporter relay config (relay.yaml)")
+    return json_schema(RelayConfig, "verl-exporter relay config (relay.yaml)")

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -234,7 +234,7 @@ class TargetWorker:
                 raise
             log.error("target %s: the custom template failed (%s: %s); using the default template",
                       self.target.name, type(e).__name__, e)
-            return pack(alerts, replace(self.robot_target, template=None, text_template=None), self.tz)
+            return pack(alerts, self.robot_target.model_copy(update={"template": None, "text_template": None}), self.tz)
 
     def _requeue_inflight(self) -> None:
         with self._cond:

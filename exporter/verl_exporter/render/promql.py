@@ -41,7 +41,7 @@ def window_records(metric: MetricSpec, sel: str) -> list[Recording]:
     """rank:<metric>:avg_over_time_10m = avg_over_time(<metric>[10m]), per series, for record: entries."""
     out = []
     for kind in metric.record:
-        if kind in RECORDINGS:
+        if not isinstance(kind, str) or kind in RECORDINGS:  # a written one, or not a window
             continue
         fn, window = WINDOW_RECORDING.fullmatch(kind).groups()
         out.append(Recording(f"rank:{metric.name}:{kind}", f"{fn}_over_time({vector(metric.name, sel)}[{window}])",
@@ -53,8 +53,8 @@ def all_recordings(spec: Spec) -> list[Recording]:
     sel = spec.rules.selector
     seen: dict[str, Recording] = {}
     for metric in spec.metrics:
-        for name, expr in metric.recordings:
-            seen.setdefault(name, Recording(name, fill(expr, metric.name, sel), NODE_GROUP))
+        for r in metric.recordings:
+            seen.setdefault(r.record, Recording(r.record, fill(r.expr, metric.name, sel), NODE_GROUP))
         if "cross_rank" in metric.record:
             for r in cross_rank_records(metric, sel):
                 seen.setdefault(r.record, r)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.exposition import safe_label_value
-from ..spec import UNMAPPED_PREFIX, MetricSpec, Spec
+from ..spec import UNMAPPED_PREFIX, MetricSpec, SourceRule, Spec
 
 _CACHE_LIMIT = 20_000
 # Longest verl key and label value exported. Real keys are under 100 characters; a longer one would be
@@ -33,6 +33,12 @@ class Resolved:
     label_values: tuple[str, ...]  # in the order of metric.labels
     scale: float
     escaped: str = ""  # why a label value was escaped ("not_utf8", "control_char"); "" when none was
+    # metric.name, which the store reads for every value: a pydantic model's attribute costs ~3x a dataclass's
+    # (BaseModel defines __getattr__, which keeps CPython from specialising the load)
+    name: str = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", self.metric.name)
 
 
 def unmapped_name(key: str) -> str:
@@ -44,18 +50,19 @@ def unmapped_name(key: str) -> str:
 class KeyMapper:
     def __init__(self, spec: Spec):
         self._literal: dict[str, Resolved] = {}
-        self._patterns: list[tuple[MetricSpec, object]] = []
+        # (metric, rule, its compiled pattern): the pattern read from the tuple, not from the model, per key tried
+        self._patterns: list[tuple[MetricSpec, SourceRule, re.Pattern]] = []
         self._conditional: list[tuple[str, str, Resolved]] = []  # (key, key that must be absent, target)
         for metric in spec.metrics:
-            for rule in metric.sources:
+            for rule in metric.source:
                 if rule.when_absent:
-                    values = tuple(rule.const_labels[name] for name in metric.labels)
-                    self._conditional.append((rule.pattern, rule.when_absent, Resolved(metric, values, rule.scale)))
+                    values = tuple(rule.labels[name] for name in metric.labels)
+                    self._conditional.append((rule.pattern, rule.when_absent, Resolved(metric, values, rule.factor)))
                 elif rule.literal:
-                    values = tuple(rule.const_labels[name] for name in metric.labels)
-                    self._literal[rule.pattern] = Resolved(metric, values, rule.scale)
+                    values = tuple(rule.labels[name] for name in metric.labels)
+                    self._literal[rule.pattern] = Resolved(metric, values, rule.factor)
                 else:
-                    self._patterns.append((metric, rule))
+                    self._patterns.append((metric, rule, rule.compiled))
         self._cache: dict[str, Resolved | None | str] = {}
 
     def resolve(self, key: str) -> Resolved | None | str:
@@ -76,12 +83,12 @@ class KeyMapper:
         return [(key, target) for key, absent, target in self._conditional if key in line and absent not in line]
 
     def _match_patterns(self, key: str) -> Resolved | None | str:
-        for metric, rule in self._patterns:
-            m = rule.regex.fullmatch(key)
+        for metric, rule, regex in self._patterns:
+            m = regex.fullmatch(key)
             if m is None:
                 continue
             captured = m.groupdict()
-            if any(captured[k] not in allowed for k, allowed in rule.allowed.items()):
+            if any(captured[k] not in allowed for k, allowed in rule.values.items()):
                 continue
             values, escaped = [], ""
             for name in metric.labels:
@@ -91,7 +98,7 @@ class KeyMapper:
                         return "label_too_long"
                     escaped = escaped or why
                 else:
-                    value = rule.const_labels[name]
+                    value = rule.labels[name]
                 values.append(value)
-            return Resolved(metric, tuple(values), rule.scale, escaped)
+            return Resolved(metric, tuple(values), rule.factor, escaped)
         return None

@@ -160,11 +160,11 @@ class TrainingStore:
                     key = str(key)
                     resolved = self._resolve(key)
                     if not isinstance(resolved, str):
-                        self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+                        self._count_nonfinite(resolved.name if resolved else unmapped_name(key))
             for key, resolved in self._mapper.conditional(data):  # as ingest() counts a stand-in's NaN
                 value = as_number(data[key])
                 if not isinstance(value, str) and _nonfinite(value):
-                    self._count_nonfinite(resolved.metric.name)
+                    self._count_nonfinite(resolved.name)
 
     def reset_nonfinite(self) -> None:
         """Forget the NaN counts: the followed file was truncated or replaced (counts are per file)."""
@@ -211,14 +211,14 @@ class TrainingStore:
         if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
             # Counted before any cap, and under a name that depends on the key alone, so that the count
             # can be rebuilt from the file after a restart (see count_nonfinite).
-            self._count_nonfinite(resolved.metric.name if resolved else unmapped_name(key))
+            self._count_nonfinite(resolved.name if resolved else unmapped_name(key))
         if resolved is None:
             self._self.inc("verl_exporter_unmapped_values_total")
             self._put_unmapped(key, value)
             return
-        series = self._series.get(resolved.metric.name)
+        series = self._series.get(resolved.name)
         if series is None:
-            series = self._series[resolved.metric.name] = {}
+            series = self._series[resolved.name] = {}
         labels = resolved.label_values
         if labels not in series and len(series) >= resolved.metric.max_series:
             self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
@@ -290,8 +290,9 @@ class TrainingStore:
             out.append((self._step_metric, {(): step}))
             out.append((self._step_time_metric, {(): step_time}))
         out.append((self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}))
-        out.extend((self._spec[name], series[name]) for name in sorted(series))
-        out.extend((self._spec[name], rows) for name, rows in sorted(detector_rows.items()))
+        by_name = self._spec.by_name  # one dict for every family (a lookup through the Spec model costs more)
+        out.extend((by_name[name], series[name]) for name in sorted(series))
+        out.extend((by_name[name], rows) for name, rows in sorted(detector_rows.items()))
         for name in sorted(unmapped):
             key, value = unmapped[name]
             out.append((self._unmapped_spec(name, key), {(): value}))
@@ -301,8 +302,10 @@ class TrainingStore:
         """An ad-hoc gauge entry for an unmapped key (cached: the cap bounds how many there are)."""
         metric = self._unmapped_specs.get(name)
         if metric is None:
-            metric = MetricSpec(name=name, type="gauge", unit="", help=f"Unmapped verl key {key!r} "
-                                "(no spec entry matches it).", layer="data", labels=())
+            # built, not validated: the file's checks would refuse the name (UNMAPPED_PREFIX is reserved for
+            # exactly this) and the missing feed
+            metric = MetricSpec.model_construct(name=name, type="gauge", help=f"Unmapped verl key {key!r} "
+                                                "(no spec entry matches it).", layer="data")
             self._unmapped_specs[name] = metric
         return metric
 

@@ -4,14 +4,16 @@ The YAML files beside this module (``metrics/``, one per area, merged in name or
 where a metric is named. Loading is strict: every problem of every entry is reported at once, each as
 ``FILE:LINE: key.path: message`` naming the file it is in.
 
-The file's shape is a tree of core.models StrictModels (``SpecFile``, ``MetricEntry``, the alert kinds of
-``kinds/``, ``Panel`` in panels.py, ``DetectEntry`` in detectors.py): they check each entry, and
-``verl-exporter schema spec`` writes their JSON Schema. Alerts and panels are used at run time as they are
-(their entry is set on them; ``model_copy`` derives changed ones); ``Spec``, ``MetricSpec`` and ``SourceRule``
-are frozen dataclasses built from a valid file (compiled key patterns, the scale a ``convert`` stands for).
+One model per concept. The file's shape is a tree of core.models StrictModels (``Spec``, ``MetricSpec``,
+``SourceRule``, the alert kinds of ``kinds/``, ``Panel`` in panels.py, ``DetectEntry`` in detectors.py): they
+check each entry, ``verl-exporter schema spec`` writes their JSON Schema, and the same frozen objects are what
+the rest of the pack reads, so a key of the file is the attribute its readers use. What the runtime needs
+beyond what the file says is derived once at load: a list becomes a tuple, a source's key pattern is compiled,
+the default max_series is applied, each alert and panel knows its metric, and the signals of a metric are held
+as core.detect's ``SignalSpec``. Overrides, calibrate and the CLI derive new ones with ``model_copy(update=...)``.
 
 Checks across entries (unique names, keys and fields feeding one metric, alerts and inhibits naming known
-ones, signals' gauges declared) are ``SpecFile.cross_problems``: each finds several problems, each at its own
+ones, signals' gauges declared) are ``Spec.cross_problems``: each finds several problems, each at its own
 entry's line, which a pydantic validator (one error, at the model's place) cannot report. They run once every
 entry is valid.
 
@@ -22,19 +24,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from ..core.detect import SignalSpec
 from ..core.models import FileError, StrictModel, json_schema, parse_yaml, problems, read_yaml, where
 from .detectors import DetectEntry
 from .kinds import CROSS_METRIC, KINDS, Alert
 from .kinds.condition import NODES as CONDITION_NODES
 from .panels import Panel
-from .rules import PATTERN_MESSAGES, Sentence
+from .rules import PATTERN_MESSAGES, SEVERITIES, Sentence
 
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -78,128 +90,6 @@ class SpecError(FileError):
     """A spec that cannot be used; ``problems`` lists every problem, each with its place."""
 
 
-@dataclass(frozen=True)
-class SourceRule:
-    """One way a verl key feeds a metric."""
-
-    pattern: str  # as written in the spec (match or regex)
-    regex: re.Pattern | None  # None for a literal key
-    const_labels: dict[str, str]
-    allowed: dict[str, frozenset[str]]
-    scale: float
-    # Feed the metric only from a line that lacks this key (an older verl's name for the same quantity).
-    when_absent: str | None = None
-
-    @property
-    def literal(self) -> bool:
-        return self.regex is None
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str
-    type: str
-    unit: str
-    help: str
-    layer: str
-    labels: tuple[str, ...]
-    sources: tuple[SourceRule, ...] = ()
-    field: str | None = None
-    collector: str | None = None  # a collector (sidecar/collectors, the Monitor's torch) fills it
-    instrumented_by: str | None = None  # or code sets it directly (INSTRUMENTED_BY)
-    max_series: int = 64
-    alerts: tuple[Alert, ...] = ()
-    panels: tuple[Panel, ...] = ()
-    record: tuple[str, ...] = ()  # generated recordings (RECORDINGS)
-    recordings: tuple[tuple[str, str], ...] = ()  # written ones: (name, PromQL with <metric> and <sel>)
-    detect: tuple = ()  # SignalSpec: the adaptive signals this metric feeds (verl_exporter.core.detect)
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name, "type": self.type, "unit": self.unit, "help": self.help,
-            "layer": self.layer, "labels": list(self.labels), "max_series": self.max_series,
-        }
-        if self.sources:
-            out["source"] = [
-                {"pattern": s.pattern, "kind": "literal" if s.literal else "pattern",
-                 "labels": s.const_labels, "values": {k: sorted(v) for k, v in s.allowed.items()},
-                 "scale": s.scale, **({"when_absent": s.when_absent} if s.when_absent else {})}
-                for s in self.sources
-            ]
-        if self.field:
-            out["field"] = self.field
-        if self.collector:
-            out["collector"] = self.collector
-        if self.instrumented_by:
-            out["instrumented_by"] = self.instrumented_by
-        if self.alerts:
-            out["alerts"] = [a.alert for a in self.alerts]
-        if self.panels:
-            out["panels"] = [f"{p.dashboard}: {p.title}" for p in self.panels]
-        if self.record or self.recordings:
-            out["record"] = list(self.record) + [name for name, _ in self.recordings]
-        return out
-
-
-@dataclass(frozen=True)
-class RulesConfig:
-    """Where rules and dashboards point: the job selector, the runbook, the evaluation interval."""
-
-    selector: str = 'job="verl"'
-    runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
-    evaluation_interval: str = "30s"
-    relay_url: str = "http://127.0.0.1:9095"  # where Alertmanager's receivers post (verl-exporter relay)
-    # alerts per webhook (Alertmanager's max_alerts): 200 of the pack's largest alert (~2.2 KB with its
-    # generatorURL) are under half the relay's 1 MiB max_body_bytes; the rest is counted in truncatedAlerts
-    max_alerts: int = 200
-    # team -> severity -> receiver name (an overrides file's global.routing); unset: <team>-<severity>
-    routing: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class Spec:
-    version: int
-    target_labels: tuple[str, ...]
-    metrics: tuple[MetricSpec, ...]
-    by_name: dict[str, MetricSpec] = field(repr=False, compare=False, default_factory=dict)
-    rules: RulesConfig = field(default_factory=RulesConfig)
-    global_alerts: tuple[Alert, ...] = ()  # alerts on several metrics (cross-layer), declared at the top
-    overrides: str = ""  # the overrides file applied (spec.overrides.apply_overrides), if any
-
-    def alerts(self) -> list[Alert]:
-        """Every alert, in spec order: those on metric entries, then the cross-metric ones."""
-        return [a for m in self.metrics for a in m.alerts] + list(self.global_alerts)
-
-    def panels(self) -> list[Panel]:
-        return [p for m in self.metrics for p in m.panels]
-
-    def signals(self) -> list:
-        """Every adaptive signal (``detect:``), in spec order."""
-        return [s for m in self.metrics for s in m.detect]
-
-    def __getitem__(self, name: str) -> MetricSpec:
-        try:
-            return self.by_name[name]
-        except KeyError:
-            raise KeyError(f"metric {name!r} is not in the spec") from None
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.by_name
-
-    def with_field(self, field_name: str) -> MetricSpec:
-        for m in self.metrics:
-            if m.field == field_name:
-                return m
-        raise KeyError(f"no spec entry has field: {field_name}")
-
-    def for_collector(self, collector: str) -> list[MetricSpec]:
-        return [m for m in self.metrics if m.collector == collector]
-
-    def instrumented(self, by: str) -> list[MetricSpec]:
-        """The entries one part of the pack sets directly (one of INSTRUMENTED_BY)."""
-        return [m for m in self.metrics if m.instrumented_by == by]
-
-
 def _compile_match(pattern: str) -> re.Pattern | None:
     """A match pattern: literal text with {label} placeholders, each one '/'-free run of characters."""
     if not PLACEHOLDER_RE.search(pattern):
@@ -213,12 +103,17 @@ def _compile_match(pattern: str) -> re.Pattern | None:
     return re.compile("".join(parts))
 
 
-# ---------------------------------------------------------------------------------------------- the file's shape
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 LabelName = Annotated[str, StringConstraints(pattern=LABEL_NAME_RE.pattern)]
 Key = Annotated[str, StringConstraints(min_length=1)]
+# A list of the file held as a tuple, immutable like the model that holds it.
+AsTuple = AfterValidator(tuple)
 
 
-class SourceEntry(StrictModel):
+class SourceRule(StrictModel):
     """One way verl keys feed the metric: a key (``match``, with {label} placeholders) or a ``regex``."""
 
     match: Key | None = Field(None, description="a key; each {label} stands for one '/'-free part")
@@ -232,16 +127,16 @@ class SourceEntry(StrictModel):
                                                       "verl's name for the same quantity)")
 
     @model_validator(mode="after")
-    def _pattern(self) -> SourceEntry:
+    def _pattern(self) -> SourceRule:
         if (self.match is None) == (self.regex is None):
             raise ValueError("give exactly one of 'match' or 'regex'")
-        if self.regex is not None:
-            try:
-                regex = re.compile(self.regex)
-            except re.error as e:
-                raise ValueError(f"regex {self.regex!r} does not compile: {e}") from None
-            if not regex.groupindex:
-                raise ValueError(f"regex {self.regex!r} has no named group; use 'match' for a literal key")
+        try:
+            compiled = self.compiled
+        except re.error as e:
+            raise ValueError(f"{'regex' if self.regex is not None else 'match'} {self.pattern!r} does not "
+                             f"compile: {e}") from None
+        if self.regex is not None and not compiled.groupindex:
+            raise ValueError(f"regex {self.regex!r} has no named group; use 'match' for a literal key")
         bad = []
         if set(self.captured) & set(self.labels):
             bad.append(f"label(s) {sorted(set(self.captured) & set(self.labels))} both captured and constant")
@@ -252,24 +147,37 @@ class SourceEntry(StrictModel):
         if self.scale == 0:
             bad.append("'scale' must be a non-zero number")
         if self.when_absent is not None and self.captured:
-            bad.append(f"'when_absent' needs a literal 'match' key, got pattern {self.match or self.regex!r}")
+            bad.append(f"'when_absent' needs a literal 'match' key, got pattern {self.pattern!r}")
         if bad:
             raise ValueError("; ".join(bad))
         return self
 
     @property
+    def pattern(self) -> str:
+        """The key or the regex, as written."""
+        return self.match or self.regex or ""
+
+    # Derived once, on first use (validation uses them): cached in the instance like a field, so that the
+    # sidecar's per-key lookups read them as fast as one (a property, or a pydantic private attribute, costs a
+    # call each time).
+    @cached_property
+    def compiled(self) -> re.Pattern | None:
+        """The pattern keys are matched with; None for a literal key."""
+        return re.compile(self.regex) if self.regex is not None else _compile_match(self.match or "")
+
+    @property
+    def literal(self) -> bool:
+        return self.compiled is None
+
+    @property
     def captured(self) -> list[str]:
         """The labels the pattern captures."""
-        if self.regex is not None:
-            return list(re.compile(self.regex).groupindex)
-        return PLACEHOLDER_RE.findall(self.match or "")
+        return list(self.compiled.groupindex) if self.compiled is not None else []
 
-    def to_rule(self) -> SourceRule:
-        scale = CONVERSIONS[self.convert] if self.convert else 1.0 if self.scale is None else float(self.scale)
-        return SourceRule(pattern=self.match or self.regex or "",
-                          regex=re.compile(self.regex) if self.regex else _compile_match(self.match or ""),
-                          const_labels=dict(self.labels), allowed={k: frozenset(v) for k, v in self.values.items()},
-                          scale=scale, when_absent=self.when_absent)
+    @cached_property
+    def factor(self) -> float:
+        """What each value is multiplied by: the convert's factor, the scale, or 1."""
+        return CONVERSIONS[self.convert] if self.convert else 1.0 if self.scale is None else float(self.scale)
 
 
 class RecordingEntry(StrictModel):
@@ -283,24 +191,26 @@ class RecordingEntry(StrictModel):
     def _placeholders(cls, expr: str) -> str:
         if "<metric>" not in expr or "<sel>" not in expr:
             raise ValueError("expr must be PromQL using <metric> and <sel>")
-        return expr
+        return _one_line(expr)
 
 
 RECORDING_KIND = rf"^({'|'.join(RECORDINGS)}|{WINDOW_RECORDING.pattern})$"
 RecordingKind = Annotated[str, StringConstraints(pattern=RECORDING_KIND)]
 
 
-class MetricEntry(StrictModel):
+class MetricSpec(StrictModel):
     """One metric: its name and meaning, what feeds it, and the alerts, panels, recordings and adaptive
     signals declared on it."""
 
     name: Annotated[str, StringConstraints(pattern=METRIC_NAME_RE.pattern)]
     type: Literal[TYPES]
     unit: Literal[UNITS] = Field("", description="the base unit the name ends with, or '' for a plain number")
-    help: Sentence
+    help: Annotated[Sentence, AfterValidator(_one_line)]
     layer: Literal[LAYERS]
-    labels: list[LabelName] = Field(default_factory=list, description="bounded: fixed values or max_series")
-    source: list[SourceEntry] | None = Field(None, min_length=1, description="the verl keys that feed it")
+    labels: Annotated[list[LabelName], AsTuple] = Field(default_factory=tuple,
+                                                      description="bounded: fixed values or max_series")
+    source: Annotated[list[SourceRule], Field(min_length=1), AsTuple] = Field(
+        default_factory=tuple, description="the verl keys that feed it")
     field: Literal[FIELDS] | None = Field(None, description="a field of the line itself")
     collector: LabelName | None = Field(None, description="a collector fills it: the sidecar's "
                                                           "(sidecar/collectors/<name>.py) or the Monitor's torch")
@@ -308,11 +218,13 @@ class MetricEntry(StrictModel):
         None, description="code of the pack sets it directly: exporter (the sidecar's own health), detector (its "
                           "adaptive detectors), relay (the relay's own health)")
     max_series: int | None = Field(None, ge=1, description="cap on label-value combinations (default: "
-                                                            "defaults.max_series)")
-    alerts: list[Alert] = Field(default_factory=list)
-    panels: list[Panel] = Field(default_factory=list)
-    record: list[RecordingKind | RecordingEntry] = Field(default_factory=list)
-    detect: list[DetectEntry] = Field(default_factory=list)
+                                                            "defaults.max_series)")  # the Spec applies it
+    # held as Alert, Panel and SignalSpec objects (_on_this_metric, _signals)
+    alerts: list[Alert] = Field(default_factory=tuple)
+    panels: list[Panel] = Field(default_factory=tuple)
+    record: Annotated[list[RecordingKind | RecordingEntry], AsTuple] = Field(
+        default_factory=tuple, description="generated recordings (names), and written ones ({record, expr})")
+    detect: list[DetectEntry] = Field(default_factory=tuple)
 
     @field_validator("name")
     @classmethod
@@ -353,7 +265,7 @@ class MetricEntry(StrictModel):
 
     @field_validator("labels")
     @classmethod
-    def _labels(cls, labels: list[str]) -> list[str]:
+    def _labels(cls, labels: tuple[str, ...]) -> tuple[str, ...]:
         bad = [f"bad label name {lab!r}" for lab in labels if lab.startswith("__")]
         bad += [f"label {lab!r} is reserved (Prometheus)" for lab in labels if lab in RESERVED_LABELS]
         if len(set(labels)) != len(labels):
@@ -364,68 +276,117 @@ class MetricEntry(StrictModel):
 
     @field_validator("source")
     @classmethod
-    def _sources_give_the_labels(cls, sources: list[SourceEntry] | None, info: ValidationInfo):
+    def _sources_give_the_labels(cls, sources: tuple[SourceRule, ...], info: ValidationInfo):
         labels = info.data.get("labels")
-        for j, s in enumerate(sources or ()):
+        for j, s in enumerate(sources):
             got = set(s.captured) | set(s.labels)
             if labels is not None and got != set(labels):
-                raise ValueError(f"source {j}: pattern {s.match or s.regex!r} gives labels {sorted(got)} but the "
+                raise ValueError(f"source {j}: pattern {s.pattern!r} gives labels {sorted(got)} but the "
                                  f"metric declares {sorted(labels)}")
         return sources
 
+    # What rules.py and detectors.py declare on a metric is held in its runtime form, built with the metric's
+    # name: this is the one place their entries are converted.
+    @field_validator("alerts", "panels")
+    @classmethod
+    def _on_this_metric(cls, entries: list, info: ValidationInfo) -> tuple[Alert, ...] | tuple[Panel, ...]:
+        name = info.data.get("name", "")
+        return tuple(e.on_metric(name) for e in entries)
+
     @field_validator("detect")
     @classmethod
-    def _signals_pick_a_series(cls, detect: list[DetectEntry], info: ValidationInfo) -> list[DetectEntry]:
+    def _signals(cls, detect: list[DetectEntry], info: ValidationInfo) -> tuple[SignalSpec, ...]:
         labels = info.data.get("labels")
         for j, d in enumerate(detect):
             if labels is not None and set(d.labels) != set(labels):
                 raise ValueError(f"detect {j}: labels must give a value for each of the metric's labels "
                                  f"{list(labels)}")
-        return detect
+        return tuple(d.to_signal(info.data.get("name", "")) for d in detect)
 
     @model_validator(mode="after")
-    def _one_feed(self) -> MetricEntry:
-        kinds = [k for k in FEEDS if getattr(self, k) is not None]
+    def _one_feed(self) -> MetricSpec:
+        kinds = [k for k in FEEDS if getattr(self, k)]
         if len(kinds) != 1:
             raise ValueError(f"give exactly one of {', '.join(FEEDS)} (got {kinds or 'none'})")
         return self
 
-    def to_metric(self, default_max_series: int) -> MetricSpec:
-        return MetricSpec(
-            name=self.name, type=self.type, unit=self.unit, help=" ".join(self.help.split()), layer=self.layer,
-            labels=tuple(self.labels), sources=tuple(s.to_rule() for s in self.source or ()), field=self.field,
-            collector=self.collector, instrumented_by=self.instrumented_by,
-            max_series=self.max_series or default_max_series,
-            alerts=tuple(a.on_metric(self.name) for a in self.alerts),
-            panels=tuple(p.on_metric(self.name) for p in self.panels),
-            record=tuple(r for r in self.record if isinstance(r, str)),
-            recordings=tuple((r.record, " ".join(r.expr.split())) for r in self.record if not isinstance(r, str)),
-            detect=tuple(d.to_signal(self.name) for d in self.detect))
+    @property
+    def recordings(self) -> list[RecordingEntry]:
+        """The recording rules written on the entry; the other items of ``record`` name generated ones."""
+        return [r for r in self.record if isinstance(r, RecordingEntry)]
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "type": self.type, "unit": self.unit, "help": self.help,
+            "layer": self.layer, "labels": list(self.labels), "max_series": self.max_series,
+        }
+        if self.source:
+            out["source"] = [
+                {"pattern": s.pattern, "kind": "literal" if s.literal else "pattern",
+                 "labels": s.labels, "values": {k: sorted(v) for k, v in s.values.items()},
+                 "scale": s.factor, **({"when_absent": s.when_absent} if s.when_absent else {})}
+                for s in self.source
+            ]
+        if self.field:
+            out["field"] = self.field
+        if self.collector:
+            out["collector"] = self.collector
+        if self.instrumented_by:
+            out["instrumented_by"] = self.instrumented_by
+        if self.alerts:
+            out["alerts"] = [a.alert for a in self.alerts]
+        if self.panels:
+            out["panels"] = [f"{p.dashboard}: {p.title}" for p in self.panels]
+        if self.record:
+            out["record"] = [r if isinstance(r, str) else r.record for r in self.record]
+        return out
 
 
-class RulesEntry(StrictModel):
-    """Where the generated rules and dashboards point."""
+class RulesConfig(StrictModel):
+    """Where the generated rules and dashboards point: the job selector, the runbook, the evaluation interval,
+    and how Alertmanager reaches the relay."""
 
-    selector: str | None = Field(None, description='the label matchers of the scrape job, e.g. job="verl"')
-    runbook_url: str | None = None
-    evaluation_interval: str | None = None
-    relay_url: str | None = Field(None, description="where Alertmanager's receivers post (verl-exporter relay)")
+    selector: str = Field('job="verl"', description='the label matchers of the scrape job, e.g. job="verl"')
+    runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
+    evaluation_interval: str = "30s"
+    relay_url: str = Field("http://127.0.0.1:9095", description="where Alertmanager's receivers post "
+                                                                 "(verl-exporter relay)")
+    # 200 of the pack's largest alert (~2.2 KB with its generatorURL) are under half the relay's 1 MiB
+    # max_body_bytes; the rest is counted in truncatedAlerts
+    max_alerts: int = Field(200, ge=1, description="alerts per webhook to the relay (Alertmanager's max_alerts)")
+    routing: dict[LabelName, dict[Literal[SEVERITIES], Key]] = Field(
+        default_factory=dict, description="team -> severity -> receiver name (an overrides file's global.routing "
+                                          "adds to it); unset: <team>-<severity>")
 
 
 class Defaults(StrictModel):
     max_series: int = Field(64, ge=1)
 
 
-class SpecFile(StrictModel):
+class Spec(StrictModel):
     """A spec (a file, or a directory's files merged): every metric verl-exporter exports, alerts on or draws."""
 
     version: Literal[1]
-    rules: RulesEntry = Field(default_factory=RulesEntry)
-    target_labels: list[LabelName] = Field(default_factory=list, description="labels the sidecar adds to "
-                                                                             "every series (--run, --rank)")
+    rules: RulesConfig = Field(default_factory=RulesConfig)
+    target_labels: Annotated[list[LabelName], AsTuple] = Field(
+        default_factory=tuple, description="labels the sidecar adds to every series (--run, --rank)")
     defaults: Defaults = Field(default_factory=Defaults)
-    metrics: list[MetricEntry] = Field(min_length=1)
-    alerts: list[Alert] = Field(default_factory=list, description="alerts on several metrics")
+    metrics: Annotated[list[MetricSpec], Field(min_length=1)]
+    global_alerts: list[Alert] = Field(default_factory=tuple, alias="alerts",
+                                            description="alerts on several metrics")
+    _overrides: str = PrivateAttr("")  # the overrides file applied (spec.overrides.apply_overrides), if any
+
+    @field_validator("metrics")
+    @classmethod
+    def _max_series(cls, metrics: list[MetricSpec], info: ValidationInfo) -> tuple[MetricSpec, ...]:
+        """Each metric with its cap: its own max_series, or defaults.max_series."""
+        default = info.data["defaults"].max_series if "defaults" in info.data else None
+        return tuple(m if m.max_series else m.model_copy(update={"max_series": default}) for m in metrics)
+
+    @field_validator("global_alerts")
+    @classmethod
+    def _cross_metric(cls, entries: list[Alert]) -> tuple[Alert, ...]:
+        return tuple(a.on_metric(CROSS_METRIC) for a in entries)
 
     def cross_problems(self) -> list[tuple[tuple, str]]:
         """(key path, message) of each problem across entries."""
@@ -444,7 +405,7 @@ class SpecFile(StrictModel):
                 out.append(((*at, "name"), f"metric {m.name!r} is declared twice"))
             out += [((*at, "labels", k), f"label {lab!r} is reserved (a target label)")
                     for k, lab in enumerate(m.labels) if lab in self.target_labels]
-            for j, s in enumerate(m.source or ()):
+            for j, s in enumerate(m.source):
                 literal = s.match and not s.captured and not s.when_absent  # a conditional one may share its key
                 if literal and (other := clash("key", s.match, m.name)) is not None:
                     out.append(((*at, "source", j), f"key {s.match!r} already feeds {other!r}"))
@@ -454,13 +415,13 @@ class SpecFile(StrictModel):
                 if not isinstance(r, str) and clash("recording", r.record, (i, j)) is not None:
                     out.append(((*at, "record", j), f"recording {r.record!r} is declared twice"))
             for j, d in enumerate(m.detect):
-                if clash("signal", d.signal, (i, j)) is not None:
-                    out.append(((*at, "detect", j, "signal"), f"signal {d.signal!r} is declared twice"))
+                if clash("signal", d.name, (i, j)) is not None:
+                    out.append(((*at, "detect", j, "signal"), f"signal {d.name!r} is declared twice"))
                 out += [((*at, "detect", j, "export"), f"exports {stat} but verl_detector_{stat} is not declared "
-                         "(instrumented_by: detector)") for stat in d.to_signal(m.name).export
+                         "(instrumented_by: detector)") for stat in d.export
                         if f"verl_detector_{stat}" not in detector_gauges]
         alerts = [(("metrics", i, "alerts", j), a) for i, m in enumerate(self.metrics) for j, a in enumerate(m.alerts)]
-        alerts += [(("alerts", j), a) for j, a in enumerate(self.alerts)]
+        alerts += [(("alerts", j), a) for j, a in enumerate(self.global_alerts)]
         names = {a.alert for _, a in alerts}
         for path, a in alerts:
             if clash("alert", a.alert, path) is not None:
@@ -468,9 +429,9 @@ class SpecFile(StrictModel):
             out += [((*path, "inhibits", k), f"inhibits unknown alert {t!r}") for k, t in enumerate(a.inhibits)
                     if t not in names]
         out += [(("alerts", j, "kind"), f"a top-level alert names its series: its kind is one of "
-                 f"{sorted(k for k, c in KINDS.items() if not c.on_entry)}") for j, a in enumerate(self.alerts)
+                 f"{sorted(k for k, c in KINDS.items() if not c.on_entry)}") for j, a in enumerate(self.global_alerts)
                 if a.on_entry]
-        metrics, signals = {m.name for m in self.metrics}, {d.signal for m in self.metrics for d in m.detect}
+        metrics, signals = {m.name for m in self.metrics}, {d.name for m in self.metrics for d in m.detect}
         for path, a in alerts:
             out += [((*path, "kind"), f"reads metric {name!r}, which is not in the spec")
                     for name in a.metrics() if name not in metrics]
@@ -478,12 +439,53 @@ class SpecFile(StrictModel):
                     for name in a.signals() if name not in signals]
         return out
 
-    def to_spec(self) -> Spec:
-        metrics = tuple(m.to_metric(self.defaults.max_series) for m in self.metrics)
-        return Spec(version=self.version, target_labels=tuple(self.target_labels), metrics=metrics,
-                    by_name={m.name: m for m in metrics},
-                    rules=RulesConfig(**self.rules.model_dump(exclude_none=True)),
-                    global_alerts=tuple(a.on_metric(CROSS_METRIC) for a in self.alerts))
+
+    @cached_property
+    def by_name(self) -> dict[str, MetricSpec]:
+        return {m.name: m for m in self.metrics}
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Spec:
+        """A copy (with ``update`` applied, unvalidated) whose index of metrics by name follows its metrics."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("by_name", None)  # cached from the metrics copied, maybe not the copy's own
+        return copied
+
+    @property
+    def overrides(self) -> str:
+        return self._overrides
+
+    def alerts(self) -> list[Alert]:
+        """Every alert, in spec order: those on metric entries, then the cross-metric ones."""
+        return [a for m in self.metrics for a in m.alerts] + list(self.global_alerts)
+
+    def panels(self) -> list[Panel]:
+        return [p for m in self.metrics for p in m.panels]
+
+    def signals(self) -> list[SignalSpec]:
+        """Every adaptive signal (``detect:``), in spec order."""
+        return [s for m in self.metrics for s in m.detect]
+
+    def __getitem__(self, name: str) -> MetricSpec:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise KeyError(f"metric {name!r} is not in the spec") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.by_name
+
+    def with_field(self, field_name: str) -> MetricSpec:
+        for m in self.metrics:
+            if m.field == field_name:
+                return m
+        raise KeyError(f"no spec entry has field: {field_name}")
+
+    def for_collector(self, collector: str) -> list[MetricSpec]:
+        return [m for m in self.metrics if m.collector == collector]
+
+    def instrumented(self, by: str) -> list[MetricSpec]:
+        """The entries one part of the pack sets directly (one of INSTRUMENTED_BY)."""
+        return [m for m in self.metrics if m.instrumented_by == by]
 
 
 _PATTERN_MESSAGES = {
@@ -621,7 +623,7 @@ def _parse(parts: list[_Part], origin: str) -> Spec:
     doc, locate = _merge(parts, origin)
     rank = {p: i for i, p in enumerate(parts)}.get  # file order; a problem of no one file first
     try:
-        model = SpecFile.model_validate(doc)
+        model = Spec.model_validate(doc)
     except ValidationError as e:
         by_part: dict[_Part, list[dict]] = {}
         for err in e.errors():
@@ -636,7 +638,7 @@ def _parse(parts: list[_Part], origin: str) -> Spec:
         found.append((rank(part, -1), _line_of(text), text + _first_declared(parts, part, at, message)))
     if found:
         raise SpecError([text for *_, text in sorted(found)], origin)
-    return model.to_spec()
+    return model
 
 
 def parse_spec(doc: Any, origin: str = "spec", lines: dict[tuple, int] | None = None) -> Spec:
@@ -658,6 +660,6 @@ def spec_document(path: str | Path | None = None) -> dict:
 def schema() -> dict:
     """The JSON Schema of a spec file (``verl-exporter schema spec``). No key is required: a file of a spec
     directory holds part of the spec, and the loader checks the merged whole."""
-    doc = json_schema(SpecFile, "verl-exporter metric spec (a spec file, or one file of a spec directory)")
+    doc = json_schema(Spec, "verl-exporter metric spec (a spec file, or one file of a spec directory)")
     del doc["required"]
     return doc

@@ -288,15 +288,16 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
     metrics = []
     for m in spec.metrics:
         detect = tuple(replace(s, min_steps=min_steps[s.name][0]) if s.name in min_steps else s for s in m.detect)
-        metrics.append(replace(m, alerts=effective(m.alerts), detect=detect))
+        metrics.append(m.model_copy(update={"alerts": effective(m.alerts), "detect": detect}))
     g = model.global_
-    rules = replace(spec.rules, **{k: v for k, v in (("selector", g.selector), ("runbook_url", g.runbook_url),
-                                                     ("relay_url", g.relay_url),
-                                                     ("evaluation_interval", g.evaluation_interval),
-                                                     ("max_alerts", g.max_alerts)) if v is not None},
-                    routing={**spec.rules.routing, **_routing(g)})
-    return replace(spec, metrics=tuple(metrics), by_name={m.name: m for m in metrics}, rules=rules,
-                   global_alerts=effective(spec.global_alerts), overrides=loaded.origin)
+    given = {"selector": g.selector, "runbook_url": g.runbook_url, "relay_url": g.relay_url,
+             "evaluation_interval": g.evaluation_interval, "max_alerts": g.max_alerts}
+    rules = spec.rules.model_copy(update={**{k: v for k, v in given.items() if v is not None},
+                                          "routing": {**spec.rules.routing, **_routing(g)}})
+    effective_spec = spec.model_copy(update={"metrics": tuple(metrics), "rules": rules,
+                                             "global_alerts": effective(spec.global_alerts)})
+    effective_spec._overrides = loaded.origin  # not a key of the spec file: private, set on this fresh copy
+    return effective_spec
 
 
 def load_effective_spec(spec_path: str | None = None, overrides: str | None = None,

@@ -420,7 +420,7 @@ class FullDemo:
 
         # the pack, generated as `verl-exporter generate --relay-url <the relay>` writes it
         pack = self.pack = work / "pack"
-        spec = dataclasses.replace(self.spec, rules=dataclasses.replace(self.spec.rules, relay_url=self.relay.url))
+        spec = self.spec.model_copy(update={"rules": self.spec.rules.model_copy(update={"relay_url": self.relay.url})})
         render.generate(spec, pack)
         alerts_yaml, self.fors = compress_for((pack / "rules/verl-alerts.yaml").read_text(), self.factor)
         self.demo_rules = work / "demo-verl-alerts.yaml"
