@@ -67,6 +67,19 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--control-file-mode", metavar="OCTAL",
                    help="permissions of the control file (default 0644, so that a trainer running as another "
                         "user can read it; it holds requests, never the token)")
+    f = p.add_argument_group("hang forensics (off by default: a stack capture attaches to the trainer)")
+    f.add_argument("--forensics-dir", metavar="DIR",
+                   help="capture the trainer's Python stacks (py-spy) into DIR when the spec's stall alerts hold, "
+                        "or on POST /control/forensics (files 0600, folder 0700)")
+    f.add_argument("--forensics-py-spy", metavar="PATH", help="the py-spy binary (default py-spy on PATH)")
+    f.add_argument("--forensics-native", action=argparse.BooleanOptionalAction, default=None,
+                   help="native frames too (py-spy --native; default on, retried without where it fails)")
+    f.add_argument("--forensics-max-files", type=int, help="captures kept (default 20; the oldest removed)")
+    f.add_argument("--forensics-max-bytes", type=int, help="bytes of captures kept (default 64 MiB)")
+    f.add_argument("--forensics-flight-recorder", metavar="PREFIX",
+                   help="path prefix of the ranks' NCCL Flight Recorder JSON dumps (PREFIX<rank>): a capture names "
+                        "the rank and collective where the ranks diverge")
+    f.add_argument("--forensics-timeout", type=float, help="seconds py-spy may take per process (default 20)")
     from .sidecar.collectors import REGISTRY
 
     for name, cls in sorted(REGISTRY.items()):

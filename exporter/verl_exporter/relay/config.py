@@ -423,7 +423,9 @@ class ActionEntry(_Token):
     """For chosen alerts, ask a sidecar's control endpoint to checkpoint or stop the run (relay/actions.py)."""
 
     matchers: Matchers = Field(min_length=1, description="the alerts it acts on, e.g. {alertname: VerlX}")
-    action: Literal["checkpoint", "stop"]
+    action: Literal["checkpoint", "stop", "forensics"] = Field(
+        description="checkpoint or stop: asks the trainer (through its control file); forensics: the sidecar "
+                    "captures the trainer's stacks and the relay pages its verdict (VerlHangForensics)")
     url: HttpUrl = Field(description="the rank-0 sidecar, http(s)://HOST:PORT; /control/<action> is appended")
     cooldown_seconds: float = Field(1800.0, ge=0, description="act at most once per alert in this time")
 
