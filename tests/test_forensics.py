@@ -240,6 +240,17 @@ def fr_dump(*seqs: int) -> dict:
                                            "state": "scheduled"} for s in seqs]}
 
 
+def test_the_cli_gives_the_verdict_of_a_shared_folder(tmp_path, capsys):
+    from verl_exporter.cli import main
+
+    for host, ranks, frames in (("node0", ["0", "1"], COLLECTIVE), ("node1", ["2"], REWARD)):
+        doc = {"host": host, "time": 1, "processes": [{"rank": r, "threads": [thread(*frames)]} for r in ranks]}
+        (tmp_path / f"capture-{host}.json").write_text(json.dumps(doc))
+    assert main(["forensics", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("ranks 0-1 wait in all_reduce")
+    assert main(["forensics", str(tmp_path / "empty")]) == 1
+
+
 def test_flight_recorder_names_the_rank_and_the_collective_where_ranks_diverge(tmp_path):
     for rank, last in enumerate([5, 4, 5, 5]):
         (tmp_path / f"fr_rank_{rank}.json").write_text(json.dumps(fr_dump(*range(1, last + 1))))
@@ -258,3 +269,19 @@ def test_stacks_are_never_captured_unless_switched_on(tmp_path):
     side = Sidecar(build_config({}, {"listen": "127.0.0.1:0"}))
     assert side.forensics is None and side.stall_watch is None
     assert "forensics" not in side.health()[1]
+
+
+def test_the_kubernetes_patch_switches_forensics_on_with_what_ptrace_needs():
+    import yaml
+    from verl_exporter.cli import build_parser
+    from verl_exporter.sidecar.config import build_config
+
+    doc = yaml.safe_load((Path(__file__).parent.parent / "docker/kubernetes/sidecar-forensics.patch.yaml").read_text())
+    pod = doc["spec"]["template"]["spec"]
+    [sidecar] = pod["initContainers"]
+    assert pod["shareProcessNamespace"] is True
+    assert sidecar["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
+    args = vars(build_parser().parse_args(sidecar["args"]))
+    config = build_config({}, {k: v for k, v in args.items() if k not in ("command", "config", "log_level")})
+    assert config.forensics_dir in {m["mountPath"] for m in sidecar["volumeMounts"]}
+    assert {v["name"] for v in pod["volumes"]} >= {m["name"] for m in sidecar["volumeMounts"]}

@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     _max_steps_flag(cal)
     _overrides_flag(cal)
 
+    fx = sub.add_parser("forensics", help="one verdict across ranks from the sidecars' stack captures (a shared "
+                                          "--forensics-dir, or copies of several)")
+    fx.add_argument("paths", nargs="+", metavar="DIR|FILE", help="forensics folders or capture-*.json files")
+    fx.add_argument("--flight-recorder", metavar="PREFIX",
+                    help="also read the ranks' Flight Recorder JSON dumps (PREFIX<rank>)")
+    fx.add_argument("--json", action="store_true", help="machine-readable output")
+
     sch = sub.add_parser("schema", help="print the JSON Schema of a file verl-exporter reads")
     from .tools.schemas import SCHEMAS
 
@@ -504,6 +511,29 @@ def cmd_schema(args) -> int:
 COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo,
             "checkpoint": cmd_checkpoint, "relay": cmd_relay, "node": cmd_node, "backtest": cmd_backtest,
             "calibrate": cmd_calibrate, "schema": cmd_schema}
+
+
+def cmd_forensics(args) -> int:
+    from .core.verdict import flight_recorder_verdict, merge, read_captures, read_flight_recorder, verdict
+
+    captures = read_captures(args.paths)
+    if not captures:
+        print(f"no capture-*.json in {', '.join(args.paths)}", file=sys.stderr)
+        return 1
+    processes = merge(captures)
+    out = {"verdict": verdict(processes), "captures": len(captures), "processes": len(processes),
+           "flight_recorder": flight_recorder_verdict(read_flight_recorder(args.flight_recorder))
+           if args.flight_recorder else None}
+    if args.json:
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(out["verdict"])
+        if out["flight_recorder"]:
+            print(out["flight_recorder"])
+    return 0
+
+
+COMMANDS["forensics"] = cmd_forensics
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ DEFAULT_MAX_FILES = 20
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 20.0
 MIN_REQUEST_GAP_S = 10.0  # requests closer than this get the latest capture: a capture pauses the trainer
+PARALLEL_DUMPS = 4  # py-spy processes at once (each mostly waits on the target's memory reads)
 MAX_PROCESSES = 64  # a node's trainer tree and Ray workers; more is not a trainer
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # one process's py-spy JSON
 HINTS = {
@@ -172,15 +174,17 @@ class Forensics:
         with self._lock:
             now = self._clock()
             binary = self._binary()
-            processes = []
-            for proc in targets(self._trainer_pid):
+            def one(proc) -> dict:
                 if binary is None:
                     entry = {"pid": proc.pid, "reason": "no_binary",
                              "error": f"py-spy not found ({self.settings.py_spy})"}
                 else:
                     entry = self.dump(binary, proc.pid)
-                entry.update(_describe(proc))
-                processes.append(entry)
+                return {**entry, **_describe(proc)}
+
+            # a few at a time: a native dump of a torch rank takes seconds, and a node has 8 ranks or more
+            with ThreadPoolExecutor(PARALLEL_DUMPS, thread_name_prefix="verl-forensics-dump") as pool:
+                processes = list(pool.map(one, targets(self._trainer_pid)))
             for p in processes:
                 if "reason" in p:
                     self._self.inc("verl_exporter_forensics_failures_total", reason=p["reason"])
