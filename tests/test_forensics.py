@@ -285,3 +285,23 @@ def test_the_kubernetes_patch_switches_forensics_on_with_what_ptrace_needs():
     config = build_config({}, {k: v for k, v in args.items() if k not in ("command", "config", "log_level")})
     assert config.forensics_dir in {m["mountPath"] for m in sidecar["volumeMounts"]}
     assert {v["name"] for v in pod["volumes"]} >= {m["name"] for m in sidecar["volumeMounts"]}
+
+
+@pytest.mark.parametrize("name, cmdline, expected", [
+    ("ray::TaskRunner", ["ray::TaskRunner.run"], True),  # verl's driver runs in this actor
+    ("python", ["ray::WorkerDict.actor_rollout_generate_sequences"], True),
+    ("python3", ["python3", "/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py"], True),
+    ("raylet", ["/venv/lib/ray/core/src/ray/raylet/raylet"], False),
+    ("python3", ["python3", "-m", "verl.trainer.main_ppo", "ray_kwargs.ray_init.num_cpus=8"], False),
+])
+def test_the_nodes_ray_workers_are_found_by_command_line(name, cmdline, expected):
+    from verl_exporter.sidecar.collectors.gpu_processes import looks_like_ray_worker
+
+    assert looks_like_ray_worker(name, cmdline) is expected
+
+
+def test_a_sidecar_in_the_trainers_tree_does_not_dump_itself(tmp_path, sleeper):
+    from verl_exporter.sidecar.forensics import targets
+
+    pids = [p.pid for p in targets(os.getppid())]  # this test's parent: its tree holds this process
+    assert os.getpid() not in pids and os.getppid() in pids

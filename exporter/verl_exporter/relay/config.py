@@ -162,7 +162,7 @@ class RelayConfig:
     spool_dir: Path | None = None
     timezone: str = "UTC"
     delivery: Delivery = field(default_factory=Delivery)
-    actions: tuple[Action, ...] = ()  # checkpoint/stop requests for chosen alerts
+    actions: tuple[Action, ...] = ()  # checkpoint, stop and forensics requests for chosen alerts
 
     def knows_receiver(self, receiver: str) -> bool:
         """A receiver is known when some route names it or some route takes any receiver."""
@@ -450,7 +450,7 @@ class RelayFile(_Secrets):
     targets: dict[Name, TargetEntry] = Field(min_length=1, description="robots (and consoles) by name")
     routes: list[Route] = Field(min_length=1, description="evaluated per alert, in order; the first match "
                                                                "decides unless it says continue: true")
-    actions: list[ActionEntry] = Field(default_factory=list, description="checkpoint/stop requests")
+    actions: list[ActionEntry] = Field(default_factory=list, description="checkpoint, stop and forensics requests")
 
     @field_validator("listen")
     @classmethod

@@ -108,6 +108,7 @@ def targets(trainer_pid: int | None) -> list[psutil.Process]:
                 found[proc.pid] = proc
         except (psutil.Error, OSError):
             continue
+    found.pop(os.getpid(), None)  # a sidecar started by the trainer is in its tree: it does not dump itself
     return [p if p is not None else _Gone(pid) for pid, p in list(found.items())[:MAX_PROCESSES]]
 
 
