@@ -41,12 +41,17 @@ def robot_target(kind: str, url: str, token: str, name: str = "t"):
     return parse_config(doc, environ={"TOKEN": token}).targets[name]
 
 
-def stop_action(url: str, token: str, cooldown_seconds: float = 1800.0):
-    """A relay config's action that stops the run on VerlNumericalCollapse, its token read from the environment."""
+def config_action(matchers: dict, action: str, url: str, token: str, cooldown_seconds: float = 1800.0):
+    """A relay config's action, its token read from the environment."""
     from verl_exporter.relay.config import parse_config
 
     doc = {"targets": {"t": {"type": "console"}}, "routes": [{"targets": ["t"]}],
-           "actions": [{"matchers": {"alertname": "VerlNumericalCollapse"}, "action": "stop", "url": url,
-                        "token_env": "TOKEN", "cooldown_seconds": cooldown_seconds}]}
-    (action,) = parse_config(doc, environ={"TOKEN": token}).actions
-    return action
+           "actions": [{"matchers": matchers, "action": action, "url": url, "token_env": "TOKEN",
+                        "cooldown_seconds": cooldown_seconds}]}
+    (out,) = parse_config(doc, environ={"TOKEN": token}).actions
+    return out
+
+
+def stop_action(url: str, token: str, cooldown_seconds: float = 1800.0):
+    """A relay config's action that stops the run on VerlNumericalCollapse."""
+    return config_action({"alertname": "VerlNumericalCollapse"}, "stop", url, token, cooldown_seconds)

@@ -11,8 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import wait_for
-from helpers import robot_target, stop_action
-from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, ActionRunner
+from helpers import config_action, robot_target, stop_action
+from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, ActionRunner, evidence_alert
+from verl_exporter.relay.format import DINGTALK_MAX_BODY, format_messages
 from verl_exporter.relay.metrics import RelayMetrics
 from verl_exporter.relay.payload import Alert
 from verl_exporter.relay.senders import RobotSender
@@ -155,3 +156,25 @@ def test_the_robot_sender_does_not_follow_a_redirect(servers):
     result = RobotSender(target, timeout=2).send(b'{"msgtype": "text", "text": {"content": "x"}}')
     assert (result.ok, result.retryable, result.errcode) == (False, False, "http_302")
     assert elsewhere.requests == []
+
+
+def test_a_forensics_answer_becomes_a_page_the_robot_can_show(servers):
+    """The sidecar's verdict is node data: escaped like any alert text, and within the robot's limits."""
+    verdict = "rank 7 is in reward_fn → compute_score (my_reward.py) [x](http://evil.example) " + "x" * 5000
+    answer = {"applied": True, "verdict": verdict, "path": "/var/lib/forensics/capture-1.json", "processes": 8}
+    sidecar = servers(body=json.dumps(answer).encode())
+    pages = []
+    metrics = RelayMetrics()
+    act = config_action({"alertname": "VerlTrainingStalled"}, "forensics", sidecar.url, TOKEN)
+    ActionRunner((act,), metrics, timeout=2, on_evidence=lambda *a: pages.append(a)).consider(
+        [alert("VerlTrainingStalled")], "training-critical")
+    wait_for(lambda: pages, timeout=5)
+    receiver, asked, got = pages[0]
+    assert receiver == "training-critical" and asked.name == "VerlTrainingStalled" and got == answer
+    assert sidecar.requests[0]["path"] == "/control/forensics"
+    page = evidence_alert(asked, got)
+    assert page.name == "VerlHangForensics" and page.annotations["description"] == verdict
+    [message] = format_messages([page], robot_target("dingtalk", "http://x", "t", "dt"))
+    text = json.loads(message.body)["markdown"]["text"]
+    assert "rank 7 is in reward_fn → compute_score" in text and "capture-1·json" in text
+    assert "[x](http" not in text and len(message.body) <= DINGTALK_MAX_BODY

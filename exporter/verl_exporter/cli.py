@@ -67,6 +67,19 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--control-file-mode", metavar="OCTAL",
                    help="permissions of the control file (default 0644, so that a trainer running as another "
                         "user can read it; it holds requests, never the token)")
+    f = p.add_argument_group("hang forensics (off by default: a stack capture attaches to the trainer)")
+    f.add_argument("--forensics-dir", metavar="DIR",
+                   help="capture the trainer's Python stacks (py-spy) into DIR when the spec's stall alerts hold, "
+                        "or on POST /control/forensics (files 0600, folder 0700)")
+    f.add_argument("--forensics-py-spy", metavar="PATH", help="the py-spy binary (default py-spy on PATH)")
+    f.add_argument("--forensics-native", action=argparse.BooleanOptionalAction, default=None,
+                   help="native frames too (py-spy --native; default on, retried without where it fails)")
+    f.add_argument("--forensics-max-files", type=int, help="captures kept (default 20; the oldest removed)")
+    f.add_argument("--forensics-max-bytes", type=int, help="bytes of captures kept (default 64 MiB)")
+    f.add_argument("--forensics-flight-recorder", metavar="PREFIX",
+                   help="path prefix of the ranks' NCCL Flight Recorder JSON dumps (PREFIX<rank>): a capture names "
+                        "the rank and collective where the ranks diverge")
+    f.add_argument("--forensics-timeout", type=float, help="seconds py-spy may take per process (default 20)")
     from .sidecar.collectors import REGISTRY
 
     for name, cls in sorted(REGISTRY.items()):
@@ -157,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     _max_steps_flag(cal)
     _overrides_flag(cal)
+
+    fx = sub.add_parser("forensics", help="one verdict across ranks from the sidecars' stack captures (a shared "
+                                          "--forensics-dir, or copies of several)")
+    fx.add_argument("paths", nargs="+", metavar="DIR|FILE", help="forensics folders or capture-*.json files")
+    fx.add_argument("--flight-recorder", metavar="PREFIX",
+                    help="also read the ranks' Flight Recorder JSON dumps (PREFIX<rank>)")
+    fx.add_argument("--json", action="store_true", help="machine-readable output")
 
     sch = sub.add_parser("schema", help="print the JSON Schema of a file verl-exporter reads")
     from .tools.schemas import SCHEMAS
@@ -489,6 +509,29 @@ def cmd_schema(args) -> int:
 COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "demo": cmd_demo,
             "checkpoint": cmd_checkpoint, "relay": cmd_relay, "node": cmd_node, "backtest": cmd_backtest,
             "calibrate": cmd_calibrate, "schema": cmd_schema}
+
+
+def cmd_forensics(args) -> int:
+    from .core.verdict import flight_recorder_verdict, merge, read_captures, read_flight_recorder, verdict
+
+    captures = read_captures(args.paths)
+    if not captures:
+        print(f"no capture-*.json in {', '.join(args.paths)}", file=sys.stderr)
+        return 1
+    processes = merge(captures)
+    out = {"verdict": verdict(processes), "captures": len(captures), "processes": len(processes),
+           "flight_recorder": flight_recorder_verdict(read_flight_recorder(args.flight_recorder))
+           if args.flight_recorder else None}
+    if args.json:
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(out["verdict"])
+        if out["flight_recorder"]:
+            print(out["flight_recorder"])
+    return 0
+
+
+COMMANDS["forensics"] = cmd_forensics
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,11 @@ or stop the run (see ``verl_exporter/sidecar/control.py``).
         token_env: VERL_CONTROL_TOKEN      # or token_file
         cooldown_seconds: 1800             # act at most once per alert (fingerprint) in this time
 
+``action: forensics`` (on the stall alerts) asks the sidecar to capture the trainer's stacks now
+(sidecar/forensics.py, its --forensics-dir on); the sidecar answers with its verdict across the ranks it
+captured and where the dumps are, and the relay sends that as a page of its own, VerlHangForensics, to the
+receiver of the alert that asked (``on_evidence``), within the robots' limits as every message.
+
 Off unless configured (config.Action is the model of an entry). Only firing alerts trigger; each call
 is logged and counted in verl_relay_actions_total{action,result}; the token is a Secret and never logged.
 Calls run on their own thread with a few retries, so a slow or absent trainer never holds up alert
@@ -26,9 +31,13 @@ import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
+from dataclasses import replace
+from datetime import datetime, timezone
 
 from .config import Action
 from .nofollow import OPENER
+
+EVIDENCE_ALERT = "VerlHangForensics"
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +49,10 @@ class ActionRunner:
     """Calls the control endpoint for matching firing alerts, off the webhook's thread."""
 
     def __init__(self, actions: tuple[Action, ...], metrics, clock=time.monotonic, timeout: float = 10.0,
-                 attempts: int = 3, sleep=time.sleep):
+                 attempts: int = 3, sleep=time.sleep, on_evidence=None):
+        """on_evidence(receiver, alert, answer): a forensics action's answer (verdict, path), to be paged."""
         self.actions = actions
+        self._on_evidence = on_evidence
         self._metrics = metrics
         self._clock = clock
         self._timeout = timeout
@@ -56,12 +67,12 @@ class ActionRunner:
         if actions:
             self._thread.start()
 
-    def consider(self, alerts) -> None:
+    def consider(self, alerts, receiver: str = "") -> None:
         """Queue the actions that firing alerts of one webhook call for (deduplicated by cooldown)."""
         with self._lock:
-            self._consider(alerts)
+            self._consider(alerts, receiver)
 
-    def _consider(self, alerts) -> None:
+    def _consider(self, alerts, receiver: str) -> None:
         self._prune(self._clock())
         for alert in alerts:
             if alert.status != "firing":
@@ -79,7 +90,7 @@ class ActionRunner:
                 while len(self._last) > MAX_COOLDOWN_KEYS:
                     self._last.popitem(last=False)
                 try:
-                    self._queue.put_nowait((act, alert.labels.get("alertname", "")))
+                    self._queue.put_nowait((act, alert, receiver))
                 except queue.Full:
                     self._metrics.inc("verl_relay_actions_total", action=act.action, result="dropped")
 
@@ -90,15 +101,17 @@ class ActionRunner:
 
     def _run(self) -> None:
         while True:
-            act, alertname = self._queue.get()
+            act, alert, receiver = self._queue.get()
             try:
-                result = self._call(act, alertname)
+                result, answer = self._call(act, alert.labels.get("alertname", ""))
+                if result == "done" and act.action == "forensics" and self._on_evidence is not None:
+                    self._on_evidence(receiver, alert, answer)
             except Exception:  # a bug must cost this action, not the thread (and every later action)
                 log.exception("action: the %s request to %s failed", act.action, act.url)
                 result = "failed"
             self._metrics.inc("verl_relay_actions_total", action=act.action, result=result)
 
-    def _call(self, act: Action, alertname: str) -> str:
+    def _call(self, act: Action, alertname: str) -> tuple[str, dict]:
         body = json.dumps({"reason": alertname}).encode()
         where = f"{act.url}/control/{act.action}"
         for attempt in range(1, self._attempts + 1):
@@ -115,11 +128,11 @@ class ActionRunner:
                 if 300 <= e.code < 400:
                     log.error("action: %s answered HTTP %d (a redirect, not followed: the token goes to the "
                               "sidecar only); point url at the sidecar itself", where, e.code)
-                    return "refused"
+                    return "refused", {}
                 if e.code < 500:  # a wrong token or a disabled endpoint does not get better by retrying
                     log.error("action: %s refused with HTTP %d (check the token and that the sidecar "
                               "has --control-token-*)", where, e.code)
-                    return "refused"
+                    return "refused", {}
                 log.warning("action: %s failed (attempt %d): HTTP %d", where, attempt, e.code)
                 continue
             except (OSError, ValueError, http.client.HTTPException) as e:  # HTTPException: not an HTTP answer
@@ -129,14 +142,28 @@ class ActionRunner:
             if not isinstance(applied, bool):  # not the sidecar's control endpoint: nothing was requested
                 log.error("action: %s answered without 'applied'; not a verl-exporter control endpoint, "
                           "so the %s was NOT requested", where, act.action)
-                return "failed"
+                return "failed", {}
             if not applied:  # recorded where the trainer cannot read it: retrying would not change that
                 why = "".join(c if c.isprintable() else " " for c in str(answer.get("error", ""))[:300])
                 log.error("action: %s recorded the %s but says it is NOT applied (%s); the trainer will not see "
                           "it", where, act.action, why or "no reason given")
-                return "failed"
+                return "failed", {}
             log.warning("action: asked %s to %s because of %s (applied, request %s)", act.url, act.action,
                         alertname, str(answer.get("id", "?"))[:40])
-            return "done"
+            return "done", answer
         log.error("action: %s failed %d time(s); the %s was NOT requested", where, self._attempts, act.action)
-        return "failed"
+        return "failed", {}
+
+
+def evidence_alert(alert, answer: dict):
+    """The page a forensics answer becomes: the alert's labels under its own name, the verdict as its text.
+
+    The sidecar's answer is data from the node: format.py escapes it and keeps it within the robots' limits."""
+    where = str(answer.get("path") or "")
+    host = str(alert.labels.get("instance", ""))
+    labels = {**alert.labels, "alertname": EVIDENCE_ALERT}
+    annotations = {"summary": f"Stacks captured for {alert.name}: {answer.get('processes', 0)} process(es), "
+                              f"full dumps in {where}" + (f" on {host}" if host else ""),
+                   "description": str(answer.get("verdict", ""))}
+    return replace(alert, status="firing", labels=labels, annotations=annotations,
+                   starts_at=datetime.now(timezone.utc), ends_at=None, generator_url="", fingerprint="")

@@ -18,11 +18,11 @@ import threading
 from ..core.auth import bearer_token_ok
 from ..core.httpserver import HttpServer
 from ..core.server import method_not_allowed, metrics_app
-from .actions import ActionRunner
+from .actions import ActionRunner, evidence_alert
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull
 from .metrics import RelayMetrics
-from .payload import PayloadError, parse_payload
+from .payload import Alert, PayloadError, parse_payload
 from .senders import Sender, scrub
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class RelayApp:
             except Exception:  # an observer must never cost Alertmanager its answer
                 log.exception("webhook %s: the on_webhook observer failed", receiver)
         if self.actions is not None:
-            self.actions.consider(payload.alerts)
+            self.actions.consider(payload.alerts, receiver)
         try:
             queued = self.dispatcher.submit(receiver, list(payload.alerts), payload.truncated_alerts)
         except QueueFull as e:
@@ -203,13 +203,20 @@ class Relay:
         self.config = config
         self.metrics = metrics or RelayMetrics()
         self.dispatcher = Dispatcher(config, self.metrics, senders)
-        self.actions = ActionRunner(config.actions, self.metrics)
+        self.actions = ActionRunner(config.actions, self.metrics, on_evidence=self._evidence)
         self.app = RelayApp(config, self.dispatcher, self.metrics, self.actions)
         self._listen = listen or config.listen
         self._filter = _ScrubFilter(config.secrets())
         self._scrubbed: list[logging.Logger] = []
         self._server: HttpServer | None = None
         self._stopped = threading.Event()
+
+    def _evidence(self, receiver: str, alert: Alert, answer: dict) -> None:
+        """Page a forensics action's answer: the verdict and where the dumps are, as an alert of its own."""
+        try:
+            self.dispatcher.submit(receiver, [evidence_alert(alert, answer)])
+        except (QueueFull, Draining) as e:
+            log.warning("action: the forensics verdict for %s was not queued (%s)", alert.name[:100], e)
 
     @property
     def url(self) -> str:

@@ -390,7 +390,9 @@ class Action(_Token):
     """For chosen alerts, ask a sidecar's control endpoint to checkpoint or stop the run (relay/actions.py)."""
 
     matchers: Matchers = Field(min_length=1, description="the alerts it acts on, e.g. {alertname: VerlX}")
-    action: Literal["checkpoint", "stop"]
+    action: Literal["checkpoint", "stop", "forensics"] = Field(
+        description="checkpoint or stop: asks the trainer (through its control file); forensics: the sidecar "
+                    "captures the trainer's stacks and the relay pages its verdict (VerlHangForensics)")
     url: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] = Field(
         description="the rank-0 sidecar, http(s)://HOST:PORT; /control/<action> is appended")
     cooldown_seconds: float = Field(1800.0, ge=0, description="act at most once per alert in this time")
@@ -427,8 +429,8 @@ class RelayConfig(_Secrets):
     routes: Annotated[list[Route], AfterValidator(tuple)] = Field(
         min_length=1, description="evaluated per alert, in order; the first match decides unless it says "
                                   "continue: true")
-    actions: Annotated[list[Action], AfterValidator(tuple)] = Field(default_factory=tuple,
-                                                                    description="checkpoint/stop requests")
+    actions: Annotated[list[Action], AfterValidator(tuple)] = Field(
+        default_factory=tuple, description="checkpoint, stop and forensics requests")
 
     @field_validator("listen")
     @classmethod

@@ -19,6 +19,7 @@ from ..core.server import parse_listen
 from ..spec import LABEL_NAME_RE, RESERVED_LABELS
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
 from .control import parse_file_mode
+from .forensics import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, DEFAULT_TIMEOUT_S
 from .sources.verl_file import DEFAULT_MAX_LINE_BYTES, DEFAULT_POLL_S, DEFAULT_RECOVER_BYTES
 from .store import DEFAULT_MAX_UNMAPPED
 
@@ -109,6 +110,20 @@ class ServeConfig(StrictModel):
                                                        "<checkpoint_dir>/.verl-exporter-control.json)")
     control_file_mode: Annotated[str, BeforeValidator(_octal, json_schema_input_type=str | int)] = Field(
         "0644", description="octal permissions of the control file; 0644 lets a trainer under another uid read it")
+
+    forensics_dir: str | None = Field(None, description="capture the trainer's stacks (py-spy) into this folder "
+                                                        "when the run stalls or the relay asks; off when unset")
+    forensics_py_spy: str = Field("py-spy", description="the py-spy binary (a name on PATH or a path)")
+    forensics_native: bool = Field(True, description="ask py-spy for native frames too (--native), without "
+                                                     "them where that fails")
+    forensics_max_files: int = Field(DEFAULT_MAX_FILES, ge=1, le=10000,
+                                     description="captures kept in the folder (the oldest removed)")
+    forensics_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1024 * 1024,
+                                     description="bytes of captures kept in the folder (the oldest removed)")
+    forensics_flight_recorder: str | None = Field(None, description="path prefix of the ranks' Flight Recorder "
+                                                                    "JSON dumps (<prefix><rank>), read at a capture")
+    forensics_timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=600, description="seconds py-spy may take per "
+                                                                                  "process")
 
     @field_validator("listen")
     @classmethod

@@ -342,8 +342,13 @@ class ControlReader:
         return self._stop
 
 
-def make_control_app(state: ControlState, token: str, self_metrics):
-    """WSGI handler for /control/<action>; returns None for paths it does not own."""
+FORENSICS = "forensics"  # not a request for the trainer: the sidecar captures stacks itself (sidecar/forensics.py)
+
+
+def make_control_app(state: ControlState, token: str, self_metrics, forensics=None):
+    """WSGI handler for /control/<action>; returns None for paths it does not own. ``forensics``: the
+    sidecar's Forensics when --forensics-dir is set (POST /control/forensics captures stacks now)."""
+    known = (*ACTIONS, FORENSICS)
 
     def handle(environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -352,7 +357,7 @@ def make_control_app(state: ControlState, token: str, self_metrics):
         action = path[len("/control/"):]
 
         def reply(code: str, body: dict, result: str, extra_headers=()):
-            self_metrics.inc("verl_exporter_control_requests_total", action=action if action in ACTIONS else "other",
+            self_metrics.inc("verl_exporter_control_requests_total", action=action if action in known else "other",
                              result=result)
             data = json.dumps(body).encode()
             start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
@@ -361,8 +366,8 @@ def make_control_app(state: ControlState, token: str, self_metrics):
 
         if environ.get("REQUEST_METHOD") != "POST":
             return reply("405 Method Not Allowed", {"error": "use POST"}, "bad_request", [("Allow", "POST")])
-        if action not in ACTIONS:
-            return reply("404 Not Found", {"error": f"unknown action; use one of {list(ACTIONS)}"}, "bad_request")
+        if action not in known:
+            return reply("404 Not Found", {"error": f"unknown action; use one of {list(known)}"}, "bad_request")
         if not bearer_token_ok(environ.get("HTTP_AUTHORIZATION"), token):
             return reply("401 Unauthorized", {"error": "missing or wrong bearer token"}, "unauthorized")
         try:
@@ -380,6 +385,16 @@ def make_control_app(state: ControlState, token: str, self_metrics):
                 return reply("400 Bad Request", {"error": "the body must be JSON"}, "bad_request")
             except TimeoutError:  # the client stopped sending its body
                 return reply("408 Request Timeout", {"error": "the body did not arrive in time"}, "bad_request")
+        if action == FORENSICS:
+            if forensics is None:
+                return reply("404 Not Found", {"error": "stack capture is off on this sidecar (--forensics-dir)"},
+                             "bad_request")
+            doc = forensics.requested(reason)
+            answer = {"action": action, "applied": doc["path"] is not None, "path": doc["path"],
+                      "verdict": doc["verdict"], "processes": len(doc["processes"])}
+            if doc["path"] is None:
+                return reply("200 OK", {**answer, "error": "the capture could not be written"}, "failed")
+            return reply("200 OK", answer, "accepted")
         try:
             recorded = state.request(action, reason)
         except OSError as e:

@@ -18,6 +18,7 @@ from .collectors.sampler import Sampler, build_collectors
 from .config import ServeConfig
 from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
 from .file_sd import FileSdRegistration, advertise_host
+from .forensics import Forensics, ForensicsSettings, StallWatch
 from .sources.verl_file import VerlFileFollower
 from .store import TrainingStore
 
@@ -49,6 +50,14 @@ class Sidecar:
             self.follower = VerlFileFollower(
                 config.verl_log, self.store, self.self_metrics, poll_interval=config.poll_interval,
                 max_line_bytes=config.max_line_bytes, recover_bytes=config.recover_bytes)
+        self.forensics: Forensics | None = None
+        self.stall_watch: StallWatch | None = None
+        if config.forensics_dir:  # off by default: a capture attaches to the trainer (ptrace)
+            c = config
+            self.forensics = Forensics(ForensicsSettings(
+                c.forensics_dir, c.forensics_py_spy, c.forensics_native, c.forensics_max_files, c.forensics_max_bytes,
+                c.forensics_timeout, c.forensics_flight_recorder), self.self_metrics, c.trainer_pid, labels)
+            self.stall_watch = StallWatch(self.spec, self.store, self.forensics)
         self.server: HttpServer | None = None
         self.file_sd: FileSdRegistration | None = None
         self.control: ControlState | None = None
@@ -104,6 +113,8 @@ class Sidecar:
             sources["verl_log"] = {"path": self.follower.path, "state": self.follower.status()}
         healthy = all(not s["state"].startswith("error") for s in sources.values())
         details = {"sources": sources, "collectors": collectors, "step": self.store.step, "pid": os.getpid()}
+        if self.forensics is not None:
+            details["forensics"] = {"dir": self.config.forensics_dir, "last_capture": self.forensics.last}
         if check_trainer and (self.config.hang_factor > 0 or self.config.trainer_pid is not None):
             alive, why = self.trainer_liveness()
             details["trainer"] = why
@@ -115,7 +126,7 @@ class Sidecar:
         summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={rank})."
         handlers = []
         if self.control:
-            handlers.append(make_control_app(self.control, self._control_token, self.self_metrics))
+            handlers.append(make_control_app(self.control, self._control_token, self.self_metrics, self.forensics))
         handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
                        renderers=[self.store.render, self.sampler.render])
@@ -139,12 +150,16 @@ class Sidecar:
         if still := self.sampler.wait_first_samples(FIRST_SAMPLE_WAIT_S):
             log.warning("collectors %s still on their first sample after %.0f s; serving meanwhile",
                         ", ".join(still), FIRST_SAMPLE_WAIT_S)
+        if self.stall_watch:
+            self.stall_watch.start()
         self.server.start()
         log.info("verl-exporter serving on %s/metrics%s", self.server.url,
                  f", following {self.config.verl_log}" if self.config.verl_log else "")
         return self
 
     def stop(self) -> None:
+        if self.stall_watch:
+            self.stall_watch.stop()
         if self.file_sd:
             self.file_sd.stop()
         if self.follower:

@@ -51,6 +51,13 @@ def looks_like_rollout(name: str, cmdline: list[str]) -> bool:
     return any(_ENGINE_MODULE.match(arg) for arg in cmdline[1:])
 
 
+def looks_like_ray_worker(name: str, cmdline: list[str]) -> bool:
+    """True for a Ray worker process (title ``ray::<Actor or task>``, or Ray's default_worker.py)."""
+    titles = [name, cmdline[0]] if cmdline else [name]
+    return any(_RAY_ACTOR.match(t) for t in titles) or any(a.endswith("ray/_private/workers/default_worker.py")
+                                                           for a in cmdline[:3])
+
+
 def start_time(pid: int) -> float | None:
     """The process's start time, which tells a pid's reuse apart: from /proc/<pid>/stat (a few us, where
     psutil.Process() costs tens), else from psutil; None when the process is not there."""
