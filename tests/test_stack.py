@@ -149,23 +149,26 @@ def query(api: str, expr: str) -> list:
 
 
 def dashboard_queries():
+    """(where, expr, the dashboard's variables) of every panel query."""
     for path in sorted((REPO / "dashboards").glob("*.json")):
-        for panel in json.loads(path.read_text())["panels"]:
+        doc = json.loads(path.read_text())
+        for panel in doc["panels"]:
             for t in panel.get("targets", []):
-                yield f"{path.name}: {panel['title']} [{t['refId']}]", t["expr"]
+                yield f"{path.name}: {panel['title']} [{t['refId']}]", t["expr"], doc["templating"]["list"]
 
 
-def as_runnable(expr: str) -> str:
+def as_runnable(expr: str, variables: list[dict]) -> str:
     """Grafana's variables as an 'All' selection, and a rate interval that fits a test's minute of data."""
-    for var in ("job", "run", "rank", "gpu"):
-        expr = expr.replace(f"${var}", ".*")
+    for v in variables:
+        if v["type"] == "query":
+            expr = expr.replace(f"${v['name']}", v["allValue"])
     return expr.replace("$__rate_interval", "15s")
 
 
 def test_every_dashboard_query_parses_and_returns_data(stack):
     empty = []
-    for where, expr in dashboard_queries():
-        if not query(stack["api"], as_runnable(expr)):
+    for where, expr, variables in dashboard_queries():
+        if not query(stack["api"], as_runnable(expr, variables)):
             empty.append(f"{where}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
