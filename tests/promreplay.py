@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 from conftest import REPO, require_tool
+from verl_exporter.spec.rules import EVAL_TIME_RE, duration_seconds
 
 NONFINITE = "verl_training_nonfinite_values_total"
 
@@ -41,12 +42,6 @@ def firing_minutes(tmp_path: Path, series: str, values: list, expr: str, minutes
     result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
     if result.returncode == 0:
         return []
-    failing = [_minutes(t) for t in re.findall(r'", time: ([0-9hms]+),', result.stdout + result.stderr)]
+    failing = [duration_seconds(t) // 60 for t in re.findall(r'", ' + EVAL_TIME_RE, result.stdout + result.stderr)]
     assert failing, result.stdout + result.stderr
     return sorted(failing)
-
-
-def _minutes(go_duration: str) -> int:
-    """Minutes of a Go duration as promtool prints it ("1h5m", "35m")."""
-    units = {"h": 60, "m": 1, "s": 0}
-    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", go_duration))

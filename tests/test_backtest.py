@@ -179,3 +179,18 @@ def test_backtest_of_a_run_over_max_steps_warns_and_judges_the_last_steps(tmp_pa
     out, err = capsys.readouterr()
     assert "60 steps, more than --max-steps 40: judging the last 40 (steps 21..60)" in err, err
     assert f"{run}: 40 steps" in out, out
+
+
+def test_an_alert_that_starts_after_a_day_is_placed_at_its_minute(tmp_path):
+    """promtool writes an evaluation time past a day as 1d0h1m0s (and past a week with w): a run longer than a
+    day (a 7-minute-step agent run reaches it at step 206) must keep every later start at its own minute."""
+    from conftest import REPO
+
+    minutes = 1500
+    counter = [0.0] * 1450 + [1.0] * (minutes - 1450)  # a NaN logged in minute 1450 (24 h 10 min)
+    key = ("verl_training_nonfinite_values_total", (("job", "verl"), ("instance", "node0:9477"), ("run", "r"),
+                                                      ("rank", "0"), ("metric", "verl_actor_grad_norm")))
+    up = ("up", (("job", "verl"), ("instance", "node0:9477")))
+    samples = rp.Samples(60.0, {key: counter, up: [1.0] * minutes}, [(1, 60.0)])
+    fired = rp.evaluate(samples, REPO / "rules", promtool=require_tool("promtool"))
+    assert [(f.alert, f.minute) for f in fired] == [("VerlNonFiniteGradNorm", 1450)]

@@ -40,9 +40,16 @@ TEXT_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)(\|pct)?>")
 TEST_EXPR_RE = re.compile(r"<([^<>]+)>")
 
 
+DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
 def duration_seconds(text: str) -> int:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhd])", text))
+    """Seconds of a Prometheus duration (5m, 1h30m; promtool also writes 1d2h and 1w past a day or a week)."""
+    return sum(int(n) * DURATION_UNITS[u] for n, u in re.findall(r"(\d+)([ywdhms])(?!s)", text))
+
+
+# promtool's evaluation time in its test output ("time: 1d0h1m0s,")
+EVAL_TIME_RE = r"time: ([0-9ywdhms.]+),?"
 
 
 def equality_matchers(text: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ import yaml
 from ..spec import Spec
 from ..spec.kinds import Alert
 from ..spec.overrides import LoadedOverrides, apply_overrides, is_hard_safety, parse_overrides
-from ..spec.rules import Param, duration_seconds, fmt_knob, in_range
+from ..spec.rules import EVAL_TIME_RE, Param, duration_seconds, fmt_knob, in_range
 from . import replay as rp
 
 MARGIN = 0.2
@@ -90,7 +90,7 @@ def quantities(spec: Spec, run: Run, exprs: dict[tuple[str, str], tuple[str, str
         proc = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True)
     minute, answered = 0, False
     for line in (proc.stdout + proc.stderr).splitlines():
-        m = re.match(r'\s*expr: .*, time: ([0-9hms.]+),?\s*$', line)
+        m = re.match(r'\s*expr: .*, ' + EVAL_TIME_RE + r'\s*$', line)
         if m:
             answered = True
             minute = int(duration_seconds(m.group(1).replace(".", "")) // 60)

@@ -40,7 +40,7 @@ from ..sidecar.sources import console
 from ..sidecar.sources.verl_file import VerlFileFollower
 from ..sidecar.store import TrainingStore
 from ..spec import Spec, load_spec
-from ..spec.rules import duration_seconds
+from ..spec.rules import EVAL_TIME_RE, duration_seconds
 
 JOB, INSTANCE, RANK = "verl", "replay:9477", "0"
 GIB = 1024**3
@@ -618,7 +618,7 @@ def _evaluate_chunk(series: dict, minutes: int, first: int, rule_files: list[str
     out: list[Firing] = []
     minute, counting, answered = 0, False, False
     for line in (proc.stdout + proc.stderr).splitlines():
-        m = re.match(r'\s*expr: .*, time: ([0-9hms.]+),?\s*$', line)
+        m = re.match(r'\s*expr: .*, ' + EVAL_TIME_RE + r'\s*$', line)
         if m:
             answered = True
             minute = int(duration_seconds(m.group(1).replace(".", "")) // 60)
