@@ -18,7 +18,17 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import REPO, Proc, compressed_rule_files, free_port, http_get, ready, require_tool, wait_for
+from conftest import (
+    REPO,
+    Proc,
+    compressed_rule_files,
+    free_port,
+    http_get,
+    post_json,
+    ready,
+    require_tool,
+    wait_for,
+)
 from robots import FakeDingTalk
 from verl_exporter import Monitor
 from verl_exporter.checkpoint.manifest import write_manifest
@@ -81,8 +91,13 @@ def stack(tmp_path_factory):
             sys.executable, str(REPO / "tests/fake_gpu_sidecar.py"), "--listen", f"127.0.0.1:{sport}",
             "--verl-log", str(log), "--checkpoint-dir", str(ckpt), "--checkpoint-verify", "--run", "demo",
             "--rank", "0", "--gpus", "all", "--interval", "0.5", "--slow-interval", "2",
-            "--trainer-pid", str(os.getpid()), "--control-token-env", "VERL_CTL"], env={"VERL_CTL": CONTROL_TOKEN}))
+            "--trainer-pid", str(os.getpid()), "--control-token-env", "VERL_CTL",
+            "--forensics-dir", str(root / "forensics"), "--no-forensics-native"], env={"VERL_CTL": CONTROL_TOKEN}))
         wait_for(lambda: ready(sidecar_url + "/healthz", procs[-1]), timeout=30)
+        # one stack capture of this process (real py-spy), so the dashboards' forensics panel has its series
+        status, answer = post_json(sidecar_url + "/control/forensics", b"{}",
+                                   {"Authorization": f"Bearer {CONTROL_TOKEN}"}, timeout=60)
+        assert status == 200 and answer.get("applied"), answer
         # -- the training side: a Monitor reading the control file the sidecar writes, started before any alert
         monitor = Monitor(sidecar_file=str(root / "monitor.jsonl"),
                           control_file=str(ckpt / ".verl-exporter-control.json"))
