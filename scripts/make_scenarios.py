@@ -264,7 +264,7 @@ def cadence_steps(spec, alert: Alert) -> tuple[int, float]:
             steps, extra = max(steps, rp.SAVE_EVERY), nodes.CHECKPOINT_GRACE_S
         elif any(s.pattern.startswith("val-") for s in m.source):
             steps = max(steps, rp.VAL_EVERY)
-        elif m.sources or m.field or m.instrumented_by:
+        elif m.source or m.field or m.instrumented_by:
             steps = max(steps, DETECT_STEPS)
     return steps, extra
 
