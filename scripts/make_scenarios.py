@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO / "exporter"))
 
 from verl_exporter.core.models import read_yaml  # noqa: E402
 from verl_exporter.render.promql import alert_expr, all_recordings  # noqa: E402
-from verl_exporter.render.rule_tests import expand  # noqa: E402
+from verl_exporter.render.rule_tests import expand, left_open  # noqa: E402
 from verl_exporter.render.rules import runbook_url  # noqa: E402
 from verl_exporter.render.templating import to_yaml  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
@@ -291,48 +291,66 @@ def annotations(spec, alert: Alert, labels: dict[str, str], value: float) -> dic
     return out
 
 
-def evaluate(samples: rp.Samples, alerts: tuple[str, ...]) -> list[rp.Firing]:
-    """replay.evaluate over the generated rules: every recording, and of the alerting rules those named (each
-    is evaluated on its own, so the others change nothing but promtool's time, ten times over)."""
+# How a range selects its samples: [t-d, t] as the rules are generated (Prometheus 2.x), (t-d, t] as 3.x does
+# (emulated on a 2.x promtool by render.rule_tests.left_open). A check must hold under both.
+SEMANTICS = {"2.x": lambda expr: expr, "3.x": left_open}
+
+
+def evaluate(samples: rp.Samples, alerts: tuple[str, ...], ranges=SEMANTICS["2.x"]) -> list[rp.Firing]:
+    """replay.evaluate over the generated rules, every expression rewritten by `ranges`, every minute each
+    alert fires: every recording, and of the alerting rules those named (each is evaluated on its own, so the
+    others change nothing but promtool's time, ten times over)."""
     with tempfile.TemporaryDirectory(prefix="scenario-rules-") as tmp:
-        shutil.copy(REPO / "rules" / "verl-recording.yaml", tmp)
-        doc = read_yaml(REPO / "rules" / "verl-alerts.yaml")[0]
-        for group in doc["groups"]:
-            group["rules"] = [r for r in group["rules"] if r.get("alert") in alerts]
-        (Path(tmp) / "verl-alerts.yaml").write_text(json.dumps(doc), encoding="utf-8")
-        return rp.evaluate(samples, tmp)
+        for name in RULE_FILES:
+            doc = read_yaml(REPO / "rules" / name)[0]
+            for group in doc["groups"]:
+                group["rules"] = [{**r, "expr": ranges(r["expr"])} for r in group["rules"]
+                                  if "record" in r or r["alert"] in alerts]
+            (Path(tmp) / name).write_text(json.dumps(doc), encoding="utf-8")
+        return rp.evaluate(samples, tmp, every_minute=True)
 
 
 def failure_checks(spec, sc: Scenario, run: Run) -> list[Check]:
-    """Promtool's first firing of each intended alert over the case's series, checked against its bound."""
+    """Each intended alert as promtool evaluates it over the case's series under both range semantics: silent
+    before the earlier first firing, and firing at the first minute from the later one on at which both agree
+    on its labels and annotations (a value read at a window's edge differs between them), within its bound."""
     alerts = {a.alert: a for a in spec.alerts()}
     bounds = {name: bound_minutes(spec, alerts[name], run.step_s) for name in sc.alerts}
     end = run.onset + max(bounds.values()) + 1  # what comes later decides nothing: evaluate no further
-    fired = evaluate(dataclasses.replace(run.samples, series={k: v[:end] for k, v in run.series.items()}),
-                     sc.alerts)
+    samples = dataclasses.replace(run.samples, series={k: v[:end] for k, v in run.series.items()})
+    fired = {sem: evaluate(samples, sc.alerts, ranges) for sem, ranges in SEMANTICS.items()}
     checks = []
     for name in sc.alerts:
         alert, bound = alerts[name], bounds[name]
-        starts = [f for f in fired if f.alert == name]
-        early = [f.minute for f in starts if f.minute < run.onset]
-        if early:
-            raise SystemExit(f"scenario {sc.slug}: {name} fires at {early[0]}m, before the fault at {run.onset}m")
-        if not starts:
-            raise SystemExit(f"scenario {sc.slug}: {name} never fires")
-        first = min(f.minute for f in starts)
-        if first > run.onset + bound:
-            raise SystemExit(f"scenario {sc.slug}: {name} fires at {first}m, over {bound}m after the fault at "
-                             f"{run.onset}m")
-        expected = []
-        for f in sorted((f for f in starts if f.minute == first), key=lambda f: f.labels):
-            labels = {k: v for k, v in f.labels if k != "__name__"}  # the name of evaluate's recording
-            expected.append(({**labels, **alert.labels, "severity": alert.severity},
-                             annotations(spec, alert, labels, f.value)))
+        # {semantics: {minute: the alerts it expects then, as labels and annotations}}
+        expected: dict[str, dict[int, list]] = {}
+        for sem, firings in fired.items():
+            mine = [f for f in firings if f.alert == name]
+            if not mine:
+                raise SystemExit(f"scenario {sc.slug}: {name} never fires ({sem} ranges)")
+            if min(f.minute for f in mine) < run.onset:
+                raise SystemExit(f"scenario {sc.slug}: {name} fires at {min(f.minute for f in mine)}m, before the "
+                                 f"fault at {run.onset}m ({sem} ranges)")
+            by_minute = expected[sem] = {}
+            for f in sorted(mine, key=lambda f: (f.minute, f.labels)):
+                labels = {k: v for k, v in f.labels if k != "__name__"}  # the name of evaluate's recording
+                by_minute.setdefault(f.minute, []).append(({**labels, **alert.labels, "severity": alert.severity},
+                                                           annotations(spec, alert, labels, f.value)))
+        firsts = {sem: min(by_minute) for sem, by_minute in expected.items()}
+        first, last = min(firsts.values()), max(firsts.values())
+        a, b = expected.values()
+        agreed = next((m for m in range(last, run.onset + bound + 1) if m in a and a[m] == b.get(m)), None)
+        if agreed is None:
+            raise SystemExit(f"scenario {sc.slug}: {name} fires from " + ", ".join(f"{m}m ({sem})" for sem, m in
+                                                                  firsts.items())
+                             + f", but 2.x and 3.x ranges agree on its labels and annotations at no minute by "
+                             f"{run.onset + bound}m ({bound}m after the fault at {run.onset}m)")
         checks.append(Check(run.onset - 1, name, [], "silent just before the fault"))
         if first - 1 > run.onset - 1:
             checks.append(Check(first - 1, name, [], "silent just before it fires"))
-        checks.append(Check(first, name, expected, f"{name}: fault at {run.onset}m, fires {first - run.onset}m "
-                                                    f"later (bound: {bound}m)"))
+        fires = ", ".join(f"{m - run.onset}m later ({sem})" for sem, m in firsts.items())
+        checks.append(Check(agreed, name, a[agreed], f"{name}: fault at {run.onset}m, fires {fires}; checked at "
+                                                     f"{agreed}m (bound: {bound}m)"))
     return checks
 
 
