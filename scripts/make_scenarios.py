@@ -15,14 +15,17 @@ Cases:
 * ``clean PPO run`` and ``clean GRPO run``: every alert of the spec must stay silent at every check time
   (at 5m, then every 10 minutes to the end). An alert known to fire on a healthy run is left out at the
   times it fires and listed in ``KNOWN_CLEAN_FIRING`` (with the evidence) until its rule is fixed; the
-  script fails when another alert fires on a clean run.
+  script fails when another alert fires on a clean run, under either range semantics (below).
 * one case per failure the pack covers, injected into the clean PPO run: promtool evaluates the generated
-  rules over the case's series (``replay.evaluate``) and the first minute each intended alert fires is
-  written as the check: silent just before the fault and just before that minute, firing with its full
-  labels and annotations at it. The script fails unless each intended alert fires within its bound after
-  the fault: its ``for``, plus the longest window its expression reads (its threshold, for an age),
-  plus the cadence of what it reads (a few steps for the training log, a validation interval, a checkpoint
-  interval and the grace), plus Prometheus' 5-minute lookback and ``MARGIN`` scrapes.
+  rules over the case's series (``replay.evaluate``) twice, with ranges as Prometheus 2.x selects them
+  ([t-d, t]) and as 3.x does ((t-d, t], ``render.rule_tests.left_open``), for the file to pass under both.
+  The checks: silent just before the fault and just before the earlier first firing, firing with its full
+  labels and annotations at the first minute from the later first firing on where both semantics agree on
+  them (a value whose window starts on a sample differs between them). The script fails unless each
+  intended alert fires, and the semantics agree, within its bound after the fault: its ``for``, plus the
+  longest window its expression reads (its threshold, for an age), plus the cadence of what it reads (a few
+  steps for the training log, a validation interval, a checkpoint interval and the grace), plus
+  Prometheus' 5-minute lookback and ``MARGIN`` scrapes.
 
 The file is written byte for byte the same every time (seeded draws). Series are checked against the spec:
 a name that is not a spec metric (or Prometheus's ``up``), or labels other than job, instance, the target
@@ -57,7 +60,7 @@ sys.path.insert(0, str(REPO / "exporter"))
 
 from verl_exporter.core.models import read_yaml  # noqa: E402
 from verl_exporter.render.promql import alert_expr, all_recordings  # noqa: E402
-from verl_exporter.render.rule_tests import expand  # noqa: E402
+from verl_exporter.render.rule_tests import expand, left_open  # noqa: E402
 from verl_exporter.render.rules import runbook_url  # noqa: E402
 from verl_exporter.render.templating import to_yaml  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
@@ -264,7 +267,7 @@ def cadence_steps(spec, alert: Alert) -> tuple[int, float]:
             steps, extra = max(steps, rp.SAVE_EVERY), nodes.CHECKPOINT_GRACE_S
         elif any(s.pattern.startswith("val-") for s in m.source):
             steps = max(steps, rp.VAL_EVERY)
-        elif m.sources or m.field or m.instrumented_by:
+        elif m.source or m.field or m.instrumented_by:
             steps = max(steps, DETECT_STEPS)
     return steps, extra
 
@@ -291,49 +294,76 @@ def annotations(spec, alert: Alert, labels: dict[str, str], value: float) -> dic
     return out
 
 
-def evaluate(samples: rp.Samples, alerts: tuple[str, ...]) -> list[rp.Firing]:
-    """replay.evaluate over the generated rules: every recording, and of the alerting rules those named (each
-    is evaluated on its own, so the others change nothing but promtool's time, ten times over)."""
+# How a range selects its samples: [t-d, t] as the rules are generated (Prometheus 2.x), (t-d, t] as 3.x does
+# (emulated on a 2.x promtool by render.rule_tests.left_open). A check must hold under both.
+SEMANTICS = {"2.x": lambda expr: expr, "3.x": left_open}
+
+
+def evaluate(samples: rp.Samples, alerts, ranges, minutes_firing: dict[str, int] | None = None) -> list[rp.Firing]:
+    """replay.evaluate over the generated rules, every expression rewritten by `ranges`, every minute each
+    alert fires: every recording, and of the alerting rules those named (each is evaluated on its own, so the
+    others change nothing but promtool's time, ten times over)."""
     with tempfile.TemporaryDirectory(prefix="scenario-rules-") as tmp:
-        shutil.copy(REPO / "rules" / "verl-recording.yaml", tmp)
-        doc = read_yaml(REPO / "rules" / "verl-alerts.yaml")[0]
-        for group in doc["groups"]:
-            group["rules"] = [r for r in group["rules"] if r.get("alert") in alerts]
-        (Path(tmp) / "verl-alerts.yaml").write_text(json.dumps(doc), encoding="utf-8")
-        return rp.evaluate(samples, tmp)
+        for name in RULE_FILES:
+            doc = read_yaml(REPO / "rules" / name)[0]
+            for group in doc["groups"]:
+                group["rules"] = [{**r, "expr": ranges(r["expr"])} for r in group["rules"]
+                                  if "record" in r or r["alert"] in alerts]
+            (Path(tmp) / name).write_text(json.dumps(doc), encoding="utf-8")
+        return rp.evaluate(samples, tmp, minutes_firing=minutes_firing, every_minute=True)
 
 
 def failure_checks(spec, sc: Scenario, run: Run) -> list[Check]:
-    """Promtool's first firing of each intended alert over the case's series, checked against its bound."""
+    """Each intended alert as promtool evaluates it over the case's series under both range semantics: silent
+    before the earlier first firing, and firing at the first minute from the later one on at which both agree
+    on its labels and annotations (a value read at a window's edge differs between them), within its bound."""
     alerts = {a.alert: a for a in spec.alerts()}
     bounds = {name: bound_minutes(spec, alerts[name], run.step_s) for name in sc.alerts}
     end = run.onset + max(bounds.values()) + 1  # what comes later decides nothing: evaluate no further
-    fired = evaluate(dataclasses.replace(run.samples, series={k: v[:end] for k, v in run.series.items()}),
-                     sc.alerts)
+    samples = dataclasses.replace(run.samples, series={k: v[:end] for k, v in run.series.items()})
+    fired = {sem: evaluate(samples, sc.alerts, ranges) for sem, ranges in SEMANTICS.items()}
     checks = []
     for name in sc.alerts:
         alert, bound = alerts[name], bounds[name]
-        starts = [f for f in fired if f.alert == name]
-        early = [f.minute for f in starts if f.minute < run.onset]
-        if early:
-            raise SystemExit(f"scenario {sc.slug}: {name} fires at {early[0]}m, before the fault at {run.onset}m")
-        if not starts:
-            raise SystemExit(f"scenario {sc.slug}: {name} never fires")
-        first = min(f.minute for f in starts)
-        if first > run.onset + bound:
-            raise SystemExit(f"scenario {sc.slug}: {name} fires at {first}m, over {bound}m after the fault at "
-                             f"{run.onset}m")
-        expected = []
-        for f in sorted((f for f in starts if f.minute == first), key=lambda f: f.labels):
-            labels = {k: v for k, v in f.labels if k != "__name__"}  # the name of evaluate's recording
-            expected.append(({**labels, **alert.labels, "severity": alert.severity},
-                             annotations(spec, alert, labels, f.value)))
+        # {semantics: {minute: the alerts it expects then, as labels and annotations}}
+        expected: dict[str, dict[int, list]] = {}
+        for sem, firings in fired.items():
+            mine = [f for f in firings if f.alert == name]
+            if not mine:
+                raise SystemExit(f"scenario {sc.slug}: {name} never fires ({sem} ranges)")
+            if min(f.minute for f in mine) < run.onset:
+                raise SystemExit(f"scenario {sc.slug}: {name} fires at {min(f.minute for f in mine)}m, before the "
+                                 f"fault at {run.onset}m ({sem} ranges)")
+            by_minute = expected[sem] = {}
+            for f in sorted(mine, key=lambda f: (f.minute, f.labels)):
+                labels = {k: v for k, v in f.labels if k != "__name__"}  # the name of evaluate's recording
+                by_minute.setdefault(f.minute, []).append(({**labels, **alert.labels, "severity": alert.severity},
+                                                           annotations(spec, alert, labels, f.value)))
+        firsts = {sem: min(by_minute) for sem, by_minute in expected.items()}
+        first = min(firsts.values())
+        agreed = agreed_minute(expected, run.onset + bound)
+        if agreed is None:
+            raise SystemExit(f"scenario {sc.slug}: {name} fires from " + ", ".join(f"{m}m ({sem})" for sem, m in
+                                                                  firsts.items())
+                             + f", but 2.x and 3.x ranges agree on its labels and annotations at no minute by "
+                             f"{run.onset + bound}m ({bound}m after the fault at {run.onset}m)")
         checks.append(Check(run.onset - 1, name, [], "silent just before the fault"))
         if first - 1 > run.onset - 1:
             checks.append(Check(first - 1, name, [], "silent just before it fires"))
-        checks.append(Check(first, name, expected, f"{name}: fault at {run.onset}m, fires {first - run.onset}m "
-                                                    f"later (bound: {bound}m)"))
+        fires = (f"{first - run.onset}m later" if len(set(firsts.values())) == 1 else
+                 ", ".join(f"{m - run.onset}m later ({sem})" for sem, m in firsts.items()))
+        checks.append(Check(agreed, name, expected["2.x"][agreed],
+                            f"{name}: fault at {run.onset}m, fires {fires} (bound: {bound}m)"))
     return checks
+
+
+def agreed_minute(expected: dict[str, dict[int, list]], until: int) -> int | None:
+    """The first minute from the latest first firing on, by `until`, at which every semantics expects the same
+    alerts ({semantics: {minute: [(labels, annotations)]}}); None when there is none."""
+    views = list(expected.values())
+    start = max(min(by_minute) for by_minute in views)
+    return next((m for m in range(start, until + 1) if m in views[0] and all(v.get(m) == views[0][m] for v in views)),
+                None)
 
 
 def keep(spec, run: Run, alerts: list[str]) -> Run:
@@ -464,25 +494,31 @@ def render(rule_dir: str = "..", only: str | None = None) -> str:
     """The scenario file; or with only="clean" the clean runs alone, with only=<slug> one failure alone (its
     series written out in full)."""
     spec = load_spec()
-    every_alert = [a.alert for a in spec.alerts()]
     lines = header_lines(rule_dir)
     anchors: dict[Key, tuple] = {}
-    if only in (None, "clean"):
-        for profile, case in CLEAN_CASES:
-            run = keep(spec, build_run(profile), every_alert)
-            check_names(run, spec)
-            wrong = known_differences(case, clean_firings(run))
-            if wrong:
-                raise SystemExit(f"{case}: " + "; ".join(wrong) + " (run --discover)")
-            render_group(lines, f"{case}: every alert silent at {CLEAN_CHECKS[0]}m and every 10m to {END}m", run,
-                         clean_checks(spec, case, CLEAN_CHECKS), anchors, profile.name)
+    cleans = CLEAN_CASES if only in (None, "clean") else ()
     cases = [sc for sc in SCENARIOS if only in (None, sc.slug)]
     with ThreadPoolExecutor(2) as pool:  # promtool runs in a process of its own
+        clean_runs = list(pool.map(lambda pc: clean_case(spec, *pc), cleans))
         results = list(pool.map(lambda sc: failure_case(spec, sc), cases))
+    for (profile, case), run in zip(cleans, clean_runs, strict=True):
+        render_group(lines, f"{case}: every alert silent at {CLEAN_CHECKS[0]}m and every 10m to {END}m", run,
+                     clean_checks(spec, case, CLEAN_CHECKS), anchors, profile.name)
     for sc, (run, checks) in zip(cases, results, strict=True):
         fires = ", ".join(f"{c.alert} at {c.minute}m" for c in checks if c.expected)
         render_group(lines, f"{sc.slug}: {sc.title}. Fault at {run.onset}m; {fires}", run, checks, anchors, None)
     return "\n".join(lines) + "\n"
+
+
+def clean_case(spec, profile: rp.Profile, case: str) -> Run:
+    """The clean run, refused unless what fires on it is KNOWN_CLEAN_FIRING under both range semantics."""
+    run = keep(spec, build_run(profile), [a.alert for a in spec.alerts()])
+    check_names(run, spec)
+    wrong = [f"{line} ({sem} ranges)" for sem, ranges in SEMANTICS.items()
+             for line in known_differences(case, clean_firings(run, ranges))]
+    if wrong:
+        raise SystemExit(f"{case}: " + "; ".join(wrong) + " (run --discover)")
+    return run
 
 
 def failure_case(spec, sc: Scenario) -> tuple[Run, list[Check]]:
@@ -492,11 +528,11 @@ def failure_case(spec, sc: Scenario) -> tuple[Run, list[Check]]:
 
 
 # ---------------------------------------------------------------------------------------------- discovery
-def clean_firings(run: Run) -> dict[str, tuple[int, int]]:
+def clean_firings(run: Run, ranges) -> dict[str, tuple[int, int]]:
     """{alert: (the minute it first fires, the minutes it fires)} on a clean run, as promtool evaluates the
-    generated rules over it (replay.evaluate), every minute."""
+    generated rules with `ranges` over it (replay.evaluate), every minute."""
     minutes: dict[str, int] = {}
-    fired = rp.evaluate(run.samples, REPO / "rules", minutes_firing=minutes)
+    fired = evaluate(run.samples, [a.alert for a in SPEC.alerts()], ranges, minutes)
     return {a: (min(f.minute for f in fired if f.alert == a), minutes[a]) for a in sorted({f.alert for f in fired})}
 
 
@@ -520,14 +556,16 @@ def discover() -> int:
         return 2
     spec, wrong = load_spec(), False
     for profile, case in CLEAN_CASES:
-        fired = clean_firings(keep(spec, build_run(profile), [a.alert for a in spec.alerts()]))
-        for alert, (first, n) in fired.items():
-            print(f"{case}: {alert} fires from {first}m, {n} minutes")
-        if not fired:
-            print(f"{case}: no alert fires (checked every minute, 0-{END}m)")
-        for line in known_differences(case, fired):
-            print(f"{case}: {line}: this differs from KNOWN_CLEAN_FIRING", file=sys.stderr)
-            wrong = True
+        run = keep(spec, build_run(profile), [a.alert for a in spec.alerts()])
+        for sem, ranges in SEMANTICS.items():
+            fired = clean_firings(run, ranges)
+            for alert, (first, n) in fired.items():
+                print(f"{case} ({sem} ranges): {alert} fires from {first}m, {n} minutes")
+            if not fired:
+                print(f"{case} ({sem} ranges): no alert fires (checked every minute, 0-{END}m)")
+            for line in known_differences(case, fired):
+                print(f"{case} ({sem} ranges): {line}: this differs from KNOWN_CLEAN_FIRING", file=sys.stderr)
+                wrong = True
     return 1 if wrong else 0
 
 

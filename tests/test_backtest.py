@@ -138,6 +138,9 @@ def test_a_long_run_is_evaluated_in_bounded_chunks_with_the_same_result(tmp_path
     whole_minutes: dict[str, int] = {}
     whole = rp.evaluate(samples, tmp_path, minutes_firing=whole_minutes)
     assert {f.alert for f in whole} == {"XHighForAWhile", "XVeryHigh", "XDroppedRecently"}
+    every = rp.evaluate(samples, tmp_path, every_minute=True)  # every minute it fires, not only its starts
+    assert {a: len({f.minute for f in every if f.alert == a}) for a in whole_minutes} == whole_minutes
+    assert all(f in every for f in whole) and len(every) > len(whole)
 
     sizes = []
     real_run = subprocess.run

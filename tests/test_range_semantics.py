@@ -69,12 +69,7 @@ def test_the_emulation_drops_the_sample_at_the_range_start(tmp_path):
     assert promtool_test(case("l.yaml", 2)).returncode != 0
 
 
-@pytest.mark.parametrize("test_file", [
-    "tests/generated-test.yaml",
-    pytest.param("scenarios/scenarios-test.yaml", marks=pytest.mark.xfail(strict=True, reason=(
-        "scripts/make_scenarios.py derives its expectations under 2.x semantics only (values and first "
-        "firing minutes of windows over noisy series); it must derive them under both"))),
-])
+@pytest.mark.parametrize("test_file", ["tests/generated-test.yaml", "scenarios/scenarios-test.yaml"])
 def test_the_rule_tests_pass_with_left_open_ranges(tmp_path, test_file):
     run = promtool_test(left_open_rules(tmp_path) / test_file)
     assert run.returncode == 0, (run.stdout + run.stderr)[-20000:]

@@ -102,6 +102,21 @@ def test_a_new_or_a_fixed_false_alarm_is_refused(monkeypatch):
     assert ms.known_differences(case, {"VerlGPULost": (30, 9)})
 
 
+def test_the_firing_check_waits_for_a_minute_both_range_semantics_agree_on():
+    """3.x fires a minute earlier and, a window's edge apart, with another value at 2.x's first minute: the
+    check is at the next minute where both expect the same alert; none by the bound, none at all."""
+    def alert(value: str) -> list:
+        return [({"alertname": "VerlStragglerRank", "rank": "2"}, {"summary": f"rank 2 at {value}"})]
+
+    expected = {"2.x": {11: alert("0.59"), 12: alert("0.60"), 13: alert("0.61")},
+                "3.x": {10: alert("0.57"), 11: alert("0.58"), 12: alert("0.60"), 13: alert("0.61")}}
+    assert ms.agreed_minute(expected, until=20) == 12
+    assert ms.agreed_minute(expected, until=11) is None
+    expected["3.x"][12] = alert("0.59")
+    assert ms.agreed_minute(expected, until=20) == 13
+    assert ms.agreed_minute({"2.x": {11: alert("0.59")}, "3.x": {10: alert("0.57"), 12: alert("0.59")}}, 20) is None
+
+
 def test_series_outside_the_spec_are_refused():
     spec = load_spec()
     run = ms.build_run(ms.PPO, length=20)

@@ -545,9 +545,11 @@ def warmup_minutes(rule_texts: Iterable[str]) -> int:
 
 
 def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = None,
-             minutes_firing: dict[str, int] | None = None, chunk_minutes: int = CHUNK_MINUTES) -> list[Firing]:
-    """Every alert start (minute by minute) of the generated rules over the samples, with its value; when
-    minutes_firing is given, it is filled with the minutes each alert (any of its label sets) fired. A run
+             minutes_firing: dict[str, int] | None = None, chunk_minutes: int = CHUNK_MINUTES,
+             every_minute: bool = False) -> list[Firing]:
+    """Every alert start (minute by minute) of the generated rules over the samples, with its value (with
+    every_minute, every minute it fires, with that minute's value); when minutes_firing is given, it is filled
+    with the minutes each alert (any of its label sets) fired. A run
     longer than chunk_minutes (plus the warm-up) is evaluated chunk by chunk: each chunk replays the warm-up
     before it and keeps only what starts inside it."""
     from ..core.models import read_yaml
@@ -578,8 +580,9 @@ def evaluate(samples: Samples, rules_dir: str | Path, promtool: str | None = Non
         values_file = Path(tmp) / "values.yaml"
         values_file.write_text(json.dumps({"groups": [{"name": "backtest", "rules": values_rules}]}))
         rule_files = [str(rules_dir / "verl-recording.yaml"), str(rules_dir / "verl-alerts.yaml"), str(values_file)]
-        starts = (f'backtest:alert_value and ignoring({", ".join(rule_labels)}) '
-                  '(ALERTS{alertstate="firing"} unless ALERTS{alertstate="firing"} offset 1m)')
+        firing = 'ALERTS{alertstate="firing"}' + ("" if every_minute else
+                                                  ' unless ALERTS{alertstate="firing"} offset 1m')
+        starts = f'backtest:alert_value and ignoring({", ".join(rule_labels)}) ({firing})'
         bounds = [(0, minutes)] if minutes <= chunk_minutes + warm else \
             [(c, min(minutes, c + chunk_minutes)) for c in range(0, minutes, chunk_minutes)]
         for first, end in bounds:
