@@ -12,7 +12,7 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 # isort: split
 from verl_exporter.tools import replay as rp  # noqa: E402
 
-RUNS = [("ppo", None, 0), ("grpo", None, 0), ("agentic", None, 0),
+RUNS = [("ppo", None, 0), ("grpo", None, 0), ("agentic", None, 0), ("ppo_long", None, 0),
         ("ppo", "score_drop", 150), ("agentic", "score_drop", 30), ("grpo", "collapse", 100),
         ("agentic", "collapse", 12), ("grpo", "slow_decline", 60), ("grpo", "nan", 120), ("ppo", "slowdown", 150),
         ("grpo", "entropy_collapse", 120), ("grpo", "kl_blowup", 120), ("ppo", "grad_spike", 150),
