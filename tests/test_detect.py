@@ -69,6 +69,17 @@ def test_level_peak_and_floor_follow_the_running_median():
     assert stats[-1]["floor_level"] == 0.5 and stats[-1]["level"] == 0.5
 
 
+def test_trailing_extremes_follow_a_long_runs_slow_drift():
+    """Issue 24: a gradient norm that triples over 600 steps (a healthy long run) stays within 1.25x of its lowest
+    level of the last 100 steps, though it is 3x its lowest level of the run; a tripling within 20 steps is not."""
+    det = SignalDetector(SignalSpec("g", "m", trail=100))
+    slow = feed(det, [0.2 * 3 ** (i / 600) for i in range(601)])[-1]
+    assert slow["level"] / slow["floor_level"] > 2.9 and slow["level"] / slow["trailing_floor"] < 1.25
+    assert slow["trailing_peak"] == slow["level"]
+    fast = feed(det, [0.6 * 3 ** (i / 20) for i in range(1, 21)], start=602)[-1]
+    assert fast["level"] / fast["trailing_floor"] > 2.5
+
+
 def test_slope_per_second_uses_the_runs_step_time():
     det = Detectors(SPEC.signals(), SPEC)
     gib = 1024**3
@@ -201,7 +212,7 @@ def test_a_resume_supersedes_the_peak_and_floor_reached_after_the_resume_point()
 
 
 def test_a_resume_from_before_the_whole_window_starts_the_signal_again():
-    det = SignalDetector(SignalSpec("x", "m", window=10))
+    det = SignalDetector(SignalSpec("x", "m", window=10, trail=10))
     feed(det, rising(50))
     stats = det.observe(3, 0.5)  # resumed from a checkpoint 47 steps back: nothing left to compare with
     assert list(det.values) == [0.5] and stats["steps"] == 1.0 and "zscore" not in stats
@@ -295,7 +306,7 @@ def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
             for s, x in standing:
                 fresh.observe(s, x)
             assert list(det.values) == list(fresh.values) and det.stats == fresh.stats
-            assert (det.peak, det.floor_level, list(det.zs), list(det.spikes)) == (
-                fresh.peak, fresh.floor_level, list(fresh.zs), list(fresh.spikes))
+            assert (det.peak, det.floor_level, list(det.zs), list(det.spikes), list(det.levels)) == (
+                fresh.peak, fresh.floor_level, list(fresh.zs), list(fresh.spikes), list(fresh.levels))
 
     check()

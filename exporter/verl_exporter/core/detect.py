@@ -12,7 +12,10 @@ compares its value with the window of the steps before it:
   zscore     (value - expected) / spread; the sustained rise / drop is the weakest of the last `hold` steps,
              so one odd batch is never an anomaly
   spike_ratio  the largest value / window_max of the last `hold` steps (a jump stays visible for hold steps)
-  level      median of the last few steps; peak_level / floor_level: its highest and lowest since the start
+  level      median of the last few steps; peak_level / floor_level: its highest and lowest since the start;
+             trailing_peak / trailing_floor: its highest and lowest over the last `trail` steps, a baseline
+             that follows the slow drift of a long run (a healthy run's gradient norm, entropy and score move
+             with the answer length and the learning-rate schedule over hundreds of steps)
   slope_per_second   the window's slope divided by the median step time (memory growth per second)
 
 Nothing is exported for a signal before its window holds `min_steps` distinct steps (at least 10). The window
@@ -33,8 +36,8 @@ from typing import Any
 
 # The gauges a signal may export (each declared in the spec as verl_detector_<stat>, label `signal`).
 STATS = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
-         "relative_change", "level", "peak_level", "floor_level", "window_max", "spike_ratio", "held_min",
-         "slope_per_second")
+         "relative_change", "level", "peak_level", "floor_level", "trailing_peak", "trailing_floor", "window_max",
+         "spike_ratio", "held_min", "slope_per_second")
 MIN_STEPS_FLOOR = 10  # no adaptive alert may fire before this many distinct steps
 _MAD_TO_SIGMA = 1.4826 / math.sqrt(2.0)  # MAD of differences of N(0, s) noise -> s
 STEP_METRIC = "verl_timing_seconds"  # its phase=step series is the step's duration, under each verl key scheme
@@ -89,6 +92,7 @@ class _Seen:
     spike: float | None
     peak: float | None
     floor: float | None
+    level: float | None  # the running level, when it counted towards the extremes
     stats: dict[str, float]
 
 
@@ -102,6 +106,7 @@ class SignalSpec:
     window: int = 30  # steps in the baseline window
     hold: int = 3  # steps a deviation must last to count as sustained
     level_steps: int = 5  # steps in the running level (a median)
+    trail: int = 100  # steps whose running levels trailing_peak / trailing_floor cover
     min_steps: int = MIN_STEPS_FLOOR
     floor: float = 0.0  # absolute floor of the spread
     rel_floor: float = 0.02  # floor of the spread as a share of |expected|
@@ -144,10 +149,11 @@ class SignalDetector:
         self.last_step: Any = None
         self.peak: float | None = None
         self.floor_level: float | None = None
+        self.levels: deque[float] = deque(maxlen=spec.trail)  # the running levels of the last `trail` steps
         self.stats: dict[str, float] = {"steps": 0.0}
         # The last steps seen, what a rewind rebuilds the deques above from: twice what any of them holds, so
         # that a resume up to a window back leaves the window as full as a run that never went past it.
-        self._seen: deque[_Seen] = deque(maxlen=2 * max(spec.window, spec.level_steps, spec.hold))
+        self._seen: deque[_Seen] = deque(maxlen=2 * max(spec.window, spec.level_steps, spec.hold, spec.trail))
 
     def value_in(self, data: Mapping[str, Any]) -> float | None:
         for key, scale in self.keys:
@@ -172,6 +178,8 @@ class SignalDetector:
         self.zs.extend(e.z for e in kept if e.z is not None)  # the deques keep the last `hold` of them
         self.spikes.clear()
         self.spikes.extend(e.spike for e in kept if e.spike is not None)
+        self.levels.clear()
+        self.levels.extend(e.level for e in kept if e.level is not None)
         last = kept[-1] if kept else None
         self.last_step = last.step if last else None
         self.peak, self.floor_level = (last.peak, last.floor) if last else (None, None)
@@ -221,6 +229,7 @@ class SignalDetector:
             if step_seconds and step_seconds > 0:
                 stats["slope_per_second"] = slope / step_seconds
         n = len(self.values)
+        counted = None
         self.values.append(x)
         self.recent.append(x)
         if len(self.recent) >= s.hold:
@@ -231,10 +240,13 @@ class SignalDetector:
             if n + 1 >= s.min_steps:  # the extremes of the running level, once it means something
                 self.peak = level if self.peak is None else max(self.peak, level)
                 self.floor_level = level if self.floor_level is None else min(self.floor_level, level)
-                stats.update(peak_level=self.peak, floor_level=self.floor_level)
+                counted = level
+                self.levels.append(level)
+                stats.update(peak_level=self.peak, floor_level=self.floor_level,
+                             trailing_peak=max(self.levels), trailing_floor=min(self.levels))
         stats["steps"] = float(len(self.values))
         self.stats = stats
-        self._seen.append(_Seen(step, x, z, spike, self.peak, self.floor_level, stats))
+        self._seen.append(_Seen(step, x, z, spike, self.peak, self.floor_level, counted, stats))
         return stats
 
 

@@ -22,6 +22,8 @@ class DetectEntry(StrictModel):
     window: int = Field(30, ge=MIN_STEPS_FLOOR, description="steps in the baseline window")
     hold: int = Field(3, ge=1, description="steps a deviation must last to count as sustained")
     level_steps: int = Field(5, ge=1, description="steps in the running level (a median)")
+    trail: int = Field(100, ge=MIN_STEPS_FLOOR, description="steps whose running levels trailing_peak and "
+                       "trailing_floor cover")
     min_steps: int = Field(MIN_STEPS_FLOOR, ge=MIN_STEPS_FLOOR, description="steps before it judges")
     floor: float = Field(0.0, ge=0, description="absolute floor of the spread")
     rel_floor: float = Field(0.02, ge=0, description="floor of the spread as a share of |expected|")
@@ -37,6 +39,6 @@ class DetectEntry(StrictModel):
     def to_signal(self, metric: str) -> SignalSpec:
         export = self.export if "steps" in self.export else ["steps", *self.export]
         return SignalSpec(name=self.signal, metric=metric, labels=tuple(self.labels.items()), window=self.window,
-                          hold=self.hold, level_steps=self.level_steps, min_steps=self.min_steps,
+                          hold=self.hold, level_steps=self.level_steps, trail=self.trail, min_steps=self.min_steps,
                           floor=float(self.floor), rel_floor=float(self.rel_floor), trend=self.trend,
                           export=tuple(export))

@@ -67,6 +67,10 @@ class Profile:
     critic: bool = False
     mem_gib: float = 60.0
     gpus: int = 8
+    # A long run's slow drift (1 and 0: none): the gradient norm and the entropy are multiplied by
+    # drift ** (step / steps), so they reach `drift` times their undrifted value at the last step.
+    grad_drift: float = 1.0
+    ent_drift: float = 1.0
 
 
 PROFILES = {
@@ -78,6 +82,12 @@ PROFILES = {
     "agentic": Profile("agentic", steps=60, step_s=420.0, batch=256, len0=1500, len_gain=2500, max_len=8192,
                        score0=-0.55, score_gain=0.3, score_tau=25, ent0=0.7, ent_end=0.45,
                        kl_key="actor/kl_loss", mem_gib=70.0, gpus=16),
+    # Issue 24's healthy 1,120-step PPO run (39 s steps, 12 h): after the early decay the gradient norm climbs
+    # with the answer length to ~3.4x its lowest level and the entropy back to ~2.6x its lowest level, over
+    # hundreds of steps; nothing is wrong with it.
+    "ppo_long": Profile("ppo_long", steps=1120, step_s=39.0, batch=1024, len0=220, len_gain=120, max_len=1024,
+                        score0=0.1, score_gain=0.65, score_tau=80, ent0=1.1, ent_end=0.5,
+                        kl_key="actor/reward_kl_penalty", critic=True, mem_gib=52.0, grad_drift=6.0, ent_drift=3.6),
 }
 
 
@@ -178,7 +188,7 @@ HANGS = ("hang", "gpu_lost", "critical_xid")  # the run stops at the fault's ste
 
 
 # The replay engine's scenarios: (profile, fault, first faulty step, seconds of log after the last line).
-SCENARIOS = [("ppo", None, 0, 0), ("grpo", None, 0, 0), ("agentic", None, 0, 0),
+SCENARIOS = [("ppo", None, 0, 0), ("grpo", None, 0, 0), ("agentic", None, 0, 0), ("ppo_long", None, 0, 0),
              ("ppo", "score_drop", 150, 0), ("agentic", "score_drop", 30, 0), ("grpo", "collapse", 100, 0),
              ("agentic", "collapse", 12, 0), ("grpo", "slow_decline", 60, 0), ("grpo", "nan", 120, 0),
              ("ppo", "slowdown", 150, 0), ("grpo", "entropy_collapse", 120, 0), ("grpo", "kl_blowup", 120, 0),
@@ -209,6 +219,8 @@ def simulate(profile: str | Profile, fault: Fault | None = None, steps: int | No
         s["entropy"] = (p.ent_end + (p.ent0 - p.ent_end) * math.exp(-i / 90)) * (1 + g(0, 0.03))
         s["kl"] = max(0.0, 0.002 + 0.04 * (1 - math.exp(-i / 150))) * (1 + g(0, 0.1))
         s["grad"] = (0.2 + 0.3 * math.exp(-i / 200)) * math.exp(g(0, 0.2)) * (2.5 if rng.random() < 0.02 else 1)
+        s["grad"] *= p.grad_drift ** (i / n)
+        s["entropy"] *= p.ent_drift ** (i / n)
         s["clip"] = None
         s["aborted"] = rng.uniform(0.0, 0.004) if rng.random() < 0.15 else 0.0
         s["mem"] = p.mem_gib + g(0, 0.03)
