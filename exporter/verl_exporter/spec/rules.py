@@ -18,6 +18,7 @@ tests and their texts follow an overridden knob.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from typing import Annotated, Any, Literal
 
@@ -140,12 +141,18 @@ _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: l
            ast.Div: lambda a, b: a / b}
 
 
-def eval_knob_expr(text: str, values: dict[str, float]) -> float:
-    """Arithmetic over knobs: numbers, names, + - * /, unary -, min(), max(). Raises ValueError otherwise."""
+@functools.lru_cache(maxsize=1024)
+def _parse_knob_expr(text: str) -> ast.Expression:
+    """Parsed once: a condition's bound is evaluated on every step the breaker judges."""
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        return ast.parse(text.strip(), mode="eval")
     except SyntaxError:
         raise ValueError("not an arithmetic expression") from None
+
+
+def eval_knob_expr(text: str, values: dict[str, float]) -> float:
+    """Arithmetic over knobs: numbers, names, + - * /, unary -, min(), max(). Raises ValueError otherwise."""
+    tree = _parse_knob_expr(text)
 
     def ev(node) -> float:
         if isinstance(node, ast.Expression):
