@@ -17,6 +17,8 @@ from helpers import free_port  # noqa: F401 - tests import it from here too
 from prometheus_client.parser import text_string_to_metric_families
 from verl_exporter.core.shutdown import stop_process
 
+pytest_plugins = ["unit_guard", "pytester"]  # unit_guard: the unit tier starts no process, opens no socket
+
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

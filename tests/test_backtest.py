@@ -11,6 +11,8 @@ from conftest import require_tool
 from verl_exporter.cli import main
 from verl_exporter.tools import replay as rp
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 
 def test_backtest_prints_the_timeline_and_writes_the_report(tmp_path, capsys):
     require_tool("promtool")

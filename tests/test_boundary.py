@@ -192,6 +192,7 @@ def test_a_problem_message_is_one_bounded_line_that_logging_can_write(caplog):
     message.encode()  # a lone surrogate would make the log handler fail ("--- Logging error ---")
 
 
+@pytest.mark.integration
 def test_a_client_timeout_is_counted_and_logged_without_a_traceback(caplog):
     sm = SelfMetrics(SPEC)
     srv = HttpServer(lambda e, s: [], "127.0.0.1:0", request_timeout=0.3,
@@ -240,6 +241,7 @@ def split(answer: bytes) -> tuple[int, dict, bytes]:
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/healthz", "/"])
+@pytest.mark.integration
 def test_head_sends_the_headers_of_get_and_no_body(sidecar_app, path):
     srv, _ = sidecar_app
     code, get_headers, get_body = split(raw(srv, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()))
@@ -252,6 +254,7 @@ def test_head_sends_the_headers_of_get_and_no_body(sidecar_app, path):
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE", "TRACE", "POST", "PATCH", "OPTIONS"])
 @pytest.mark.parametrize("path", ["/metrics", "/healthz", "/"])
+@pytest.mark.integration
 def test_other_methods_answer_405_with_allow(sidecar_app, method, path):
     srv, _ = sidecar_app
     code, headers, _ = split(raw(srv, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode()))
@@ -268,6 +271,7 @@ def test_other_methods_answer_405_with_allow(sidecar_app, method, path):
     b"Content-Length: \xb2\r\n",
     b"Transfer-Encoding: chunked\r\nContent-Length: 2\r\n",
 ])
+@pytest.mark.integration
 def test_ambiguous_request_framing_is_refused_with_400(sidecar_app, framing):
     srv, sm = sidecar_app
     code, _, _ = split(raw(srv, b"POST /metrics HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n{}"))
@@ -277,12 +281,14 @@ def test_ambiguous_request_framing_is_refused_with_400(sidecar_app, framing):
     assert code == 200 and sample(parse_metrics(body.decode()), "verl_actor_grad_norm") == 0.5
 
 
+@pytest.mark.integration
 def test_a_transfer_encoding_the_server_does_not_read_answers_501(sidecar_app):
     srv, _ = sidecar_app
     code, _, _ = split(raw(srv, b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"))
     assert code == 501
 
 
+@pytest.mark.integration
 def test_the_control_endpoint_still_takes_a_post_with_one_content_length(tmp_path):
     mon = Monitor(listen="127.0.0.1:0", control_token="t0ken", control_file=str(tmp_path / "control.json"))
     try:
@@ -298,6 +304,7 @@ def test_the_control_endpoint_still_takes_a_post_with_one_content_length(tmp_pat
 
 
 # ------------------------------------------------------------------ in-process and real-process paths
+@pytest.mark.integration
 def test_monitor_log_with_a_name_from_non_utf8_bytes_keeps_every_series(tmp_path):
     mon = Monitor(listen="127.0.0.1:0", run=os.fsdecode(b"run-\xfe"), rank=0)
     try:

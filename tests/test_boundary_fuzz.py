@@ -25,6 +25,8 @@ from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
 from verl_exporter.trainer.monitor import Monitor
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 SPEC = load_spec()
 GOOD = "actor/lr"  # verl_actor_learning_rate: each call carries a value of its own under this key
 TOKEN = "fuzz-token"

@@ -43,6 +43,7 @@ def runs(tmp_path_factory):
     return paths
 
 
+@pytest.mark.integration
 def test_the_plain_agentic_run_needs_no_change(spec, runs):
     result, _ = cb.calibrate([str(runs["agentic"])], spec)
     assert not [k for k in result.knobs if k.changed or k.refused]
@@ -51,6 +52,7 @@ def test_the_plain_agentic_run_needs_no_change(spec, runs):
     assert result.overrides_doc() == {"version": 1}
 
 
+@pytest.mark.integration
 def test_a_knob_moves_only_as_far_as_the_runs_need(spec, runs):
     result, _ = cb.calibrate([str(runs["healthy"])], spec, margin=0.2)
     moved = {(k.alert, k.knob): k for k in result.knobs if k.changed}
@@ -142,6 +144,7 @@ def test_a_less_than_knob_is_loosened_downwards(spec):
     assert cb._round_loose(0.3123, ">") == 0.32 and cb._round_loose(1610612736 * 1.37, ">") == 2.3e9
 
 
+@pytest.mark.integration
 def test_calibrate_keeps_the_base_overrides_and_refuses_to_overwrite(spec, runs, tmp_path, capsys):
     base = tmp_path / "base.yaml"
     base.write_text("global:\n  selector: 'job=\"verl-agent\"'\nalerts:\n  VerlGradNormSpike: {severity: info}\n")

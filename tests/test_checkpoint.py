@@ -373,6 +373,7 @@ def _cli_has_checkpoint() -> bool:
     return True
 
 
+@pytest.mark.integration
 def test_cli_through_the_installed_entry_point(tmp_path):
     if not _cli_has_checkpoint():
         pytest.skip("the checkpoint subcommand is not wired into verl_exporter.cli yet")
@@ -473,6 +474,7 @@ def test_callback_lets_ctrl_c_through(tmp_path, monkeypatch):
         verl_callback.ManifestCheckpointCallback().on_save(None, 1, str(tmp_path))
 
 
+@pytest.mark.integration
 def test_callback_module_imports_and_works_without_verl(tmp_path):
     d = make_checkpoint(tmp_path, 4)
     code = (
@@ -703,6 +705,7 @@ def test_verls_retention_leaves_husks_that_are_neither_kept_nor_mismatches(tmp_p
     assert got[("verl_checkpoint_manifest_verified", (("step", "30"),))] == 0
 
 
+@pytest.mark.integration
 def test_exposition_passes_promtool(tmp_path):
     promtool = require_tool("promtool")
     make_checkpoint(tmp_path, 10)

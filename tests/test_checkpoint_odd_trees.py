@@ -35,6 +35,7 @@ def cli(*args):
                           text=True, timeout=60)
 
 
+@pytest.mark.integration
 def test_fifo_and_device_symlink_are_skipped_not_read(tmp_path):
     d = make_step(tmp_path)
     os.mkfifo(d / "actor" / "pipe")
@@ -75,6 +76,7 @@ def test_a_file_symlink_out_of_the_tree_is_not_hashed(tmp_path):
     assert hashlib.sha256(secret.read_bytes()).hexdigest() not in hashes.values()
 
 
+@pytest.mark.integration
 def test_a_directory_symlink_is_reported_not_silently_dropped(tmp_path):
     d = make_step(tmp_path)
     elsewhere = tmp_path / "elsewhere"
@@ -146,6 +148,7 @@ def test_a_file_that_keeps_changing_fails_clearly_and_writes_nothing(tmp_path, m
     assert not (d / MANIFEST_NAME).exists()
 
 
+@pytest.mark.integration
 def test_an_empty_checkpoint_warns_and_does_not_verify(tmp_path):
     d = tmp_path / "global_step_1"
     d.mkdir()
@@ -155,6 +158,7 @@ def test_an_empty_checkpoint_warns_and_does_not_verify(tmp_path):
     assert p.returncode == 1 and "lists no files" in p.stderr
 
 
+@pytest.mark.integration
 def test_a_fifo_as_the_tracker_file_does_not_block(tmp_path):
     d = make_step(tmp_path)
     os.mkfifo(d.parent / "latest_checkpointed_iteration.txt")

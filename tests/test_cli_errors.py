@@ -19,6 +19,7 @@ def run(*argv: str, **kwargs) -> subprocess.CompletedProcess:
                           timeout=60, **kwargs)
 
 
+@pytest.mark.integration
 def test_a_file_sd_problem_is_not_called_a_listen_failure(tmp_path):
     not_a_dir = tmp_path / "a-file"
     not_a_dir.write_text("")
@@ -28,6 +29,7 @@ def test_a_file_sd_problem_is_not_called_a_listen_failure(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.integration
 def test_a_port_in_use_is_a_listen_failure():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -82,6 +84,7 @@ def test_generate_where_it_cannot_write_is_a_clear_error(tmp_path, capsys):
     assert "cannot write the generated files" in err and str(blocker) in err
 
 
+@pytest.mark.integration
 def test_a_closed_pipe_stops_quietly(tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)  # like `| head` that has already left
@@ -119,6 +122,7 @@ def test_node_refuses_a_negative_rank_offset(capsys):
     assert "--rank-offset" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_a_non_utf8_token_file_is_named_without_quoting_the_secret(tmp_path):
     token = tmp_path / "token"
     token.write_bytes(b"\xe9secret")

@@ -333,6 +333,7 @@ def test_eight_gpus_fit_the_spec_without_dropped_series():
     assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="gpu") == 0
 
 
+@pytest.mark.integration
 def test_a_sidecar_serves_the_gpu_series_over_http_and_promtool_accepts_them(monkeypatch, quick_xid):
     from verl_exporter.sidecar.config import ServeConfig
     from verl_exporter.sidecar.sidecar import Sidecar

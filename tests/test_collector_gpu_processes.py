@@ -13,6 +13,8 @@ import pytest
 from fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeNvml, make_context, series_of, value
 from verl_exporter.sidecar.collectors.gpu_processes import GpuProcessesCollector, looks_like_rollout
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 SLEEP = "import time; time.sleep(120)"
 GIB = 1 << 30
 

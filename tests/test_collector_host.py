@@ -139,6 +139,7 @@ def test_no_such_trainer_pid_is_not_an_error(ctx):
     assert errors(ctx) == 0
 
 
+@pytest.mark.integration
 def test_trainer_rss_sums_the_process_tree_and_goes_away_with_it(ctx):
     code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
     trainer = subprocess.Popen([sys.executable, "-c", code])
@@ -169,6 +170,7 @@ def test_trainer_rss_sums_the_process_tree_and_goes_away_with_it(ctx):
     assert errors(ctx) == 0
 
 
+@pytest.mark.integration
 def test_descendants_are_listed_again_every_refresh_period(ctx):
     from verl_exporter.sidecar.collectors.host import CHILDREN_REFRESH_S
 
@@ -231,6 +233,7 @@ HOST_COLLECTORS = ("cpu", "host", "pressure", "disk", "filesystem", "network")
 
 
 @pytest.mark.parametrize("tree", ["fixtures", "real"])
+@pytest.mark.integration
 def test_sampler_with_all_host_collectors_passes_promtool(tree, tmp_path):
     promtool = require_tool("promtool")
     spec = load_spec()

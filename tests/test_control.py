@@ -56,6 +56,7 @@ def test_state_and_reader(tmp_path):
     assert reader.stop_requested and reader.reason == "again"
 
 
+@pytest.mark.integration
 def test_control_endpoint_is_off_by_default(serve, tmp_path):
     side = serve("--checkpoint-dir", str(tmp_path))
     status, _ = post(side.url + "/control/stop", TOKEN)
@@ -63,6 +64,7 @@ def test_control_endpoint_is_off_by_default(serve, tmp_path):
     assert not (tmp_path / ".verl-exporter-control.json").exists()
 
 
+@pytest.mark.integration
 def test_control_endpoint_needs_the_token_and_records_requests(serve, tmp_path):
     side = serve("--checkpoint-dir", str(tmp_path), "--control-token-env", "VERL_CTL",
                  env={"VERL_CTL": TOKEN})
@@ -89,6 +91,7 @@ def test_control_endpoint_needs_the_token_and_records_requests(serve, tmp_path):
     assert "stop requested" in out and TOKEN not in out
 
 
+@pytest.mark.integration
 def test_missing_token_variable_is_a_clear_start_error(tmp_path):
     import subprocess
     import sys
@@ -99,6 +102,7 @@ def test_missing_token_variable_is_a_clear_start_error(tmp_path):
     assert p.returncode == 2 and "NOPE_NOT_SET is not set" in p.stderr
 
 
+@pytest.mark.integration
 def test_monitor_sees_requests_from_a_sidecar(serve, tmp_path):
     side = serve("--checkpoint-dir", str(tmp_path), "--control-token-env", "VERL_CTL", env={"VERL_CTL": TOKEN})
     seen = []
@@ -116,6 +120,7 @@ def test_monitor_sees_requests_from_a_sidecar(serve, tmp_path):
         m.close()
 
 
+@pytest.mark.integration
 def test_monitor_hosts_its_own_control_endpoint():
     m = Monitor(listen="127.0.0.1:0", control_token=TOKEN)
     try:
@@ -189,6 +194,7 @@ def test_breaker_ignores_strings():
     assert b.observe(1, {"actor/grad_norm": "n/a", "actor/pg_loss": "x"}) == ([], None)
 
 
+@pytest.mark.integration
 def test_monitor_breaker_requests_checkpoint_then_stop(tmp_path):
     m = Monitor(listen="127.0.0.1:0", breaker=True)
     try:
@@ -205,7 +211,6 @@ def test_monitor_breaker_requests_checkpoint_then_stop(tmp_path):
 
 
 # ---------------------------------------------------------------------------- verl's step boundary
-verl_tracking = pytest.importorskip("verl.utils.tracking")
 
 
 class MiniTrainer:
@@ -222,6 +227,7 @@ class MiniTrainer:
         self.saved.append(self.global_steps)
 
     def fit(self):
+        verl_tracking = pytest.importorskip("verl.utils.tracking")
         logger = verl_tracking.Tracking(project_name="p", experiment_name="e", default_backend=["file"])
         while self.global_steps <= self.total:
             self.on_step(self.global_steps)
@@ -230,6 +236,7 @@ class MiniTrainer:
         self.finished = True
 
 
+@pytest.mark.integration
 def test_step_control_saves_and_stops_at_the_step_boundary(tmp_path, monkeypatch):
     from verl_exporter.trainer.verl_callback import install_step_control
 
@@ -256,6 +263,7 @@ def test_step_control_saves_and_stops_at_the_step_boundary(tmp_path, monkeypatch
     assert len(lines) == 6  # step 6 was logged before the stop
 
 
+@pytest.mark.integration
 def test_controlled_callback_hooks_verls_v1_trainer_not_the_legacy_loop(tmp_path, monkeypatch):
     omegaconf = pytest.importorskip("omegaconf")
     pytest.importorskip("verl.trainer.ppo.v1.trainer_base", reason="needs verl[verl-core]")
@@ -319,6 +327,7 @@ def _read_as_nobody(reader: ControlReader, conn) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to switch users")
 @pytest.mark.parametrize("mode, seen", [(0o644, True), (0o600, False)])
+@pytest.mark.integration
 def test_a_trainer_under_another_uid_reads_the_request_or_counts_why_not(mode, seen):
     import multiprocessing
     import shutil
@@ -472,6 +481,7 @@ def test_a_reader_that_could_not_read_the_file_at_its_start_judges_old_requests_
     assert reader.stop_requested and reader.reason == "run 2"
 
 
+@pytest.mark.integration
 def test_step_control_of_a_resumed_run_stops_only_on_a_new_request(tmp_path, monkeypatch):
     from verl_exporter.trainer.verl_callback import install_step_control
 
@@ -547,6 +557,7 @@ def test_a_sidecar_under_umask_077_makes_folders_the_trainer_can_pass(serve, ope
 
 
 @needs_root
+@pytest.mark.integration
 def test_a_file_another_uid_cannot_reach_is_not_reported_applied(open_folder, monkeypatch):
     """The sidecar made the folder but it could not be opened up (a mount that ignores chmod)."""
     from verl_exporter.core.selfmetrics import SelfMetrics
@@ -579,6 +590,7 @@ def test_parse_file_mode_rejects_a_file_others_could_write(text):
         parse_file_mode(text)
 
 
+@pytest.mark.integration
 def test_a_monitors_own_control_file_is_for_itself_only_and_applied(caplog):
     m = Monitor(listen="127.0.0.1:0", control_token=TOKEN)
     try:

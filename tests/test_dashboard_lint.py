@@ -186,6 +186,7 @@ def test_every_dashboard_passes(rule):
     assert not any(problems.values()), problems
 
 
+@pytest.mark.integration
 def test_every_query_and_variable_query_is_valid_promql(tmp_path):
     """target-promql-rule and template-label-promql-rule: promtool parses each, variables expanded."""
     exprs = []

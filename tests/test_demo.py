@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from verl_exporter.tools.demo import DEMO_FAULT, demo_lines
 
 
@@ -36,6 +37,7 @@ def test_demo_run_has_the_quirks_of_real_files():
         [(100, "resumed-from-ckpt")]
 
 
+@pytest.mark.integration
 def test_demo_command_replays_into_a_live_sidecar():
     proc = subprocess.run(
         [sys.executable, "-m", "verl_exporter", "demo", "--sidecar-only", "--rate", "400", "--exit-after-replay",

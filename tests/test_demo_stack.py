@@ -16,6 +16,8 @@ import yaml
 from conftest import require_tool
 from verl_exporter.tools.demo_stack import compress_for, compress_grouping, find_programs
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 NAN_ALERT = "VerlNonFiniteGradNorm"
 
 

@@ -299,6 +299,7 @@ def test_dockerfile_base_is_a_pinned_slim_python():
     assert name == "python" and re.match(r"^\d+\.\d+\.\d+-slim-[a-z]+$", tag), base
 
 
+@pytest.mark.integration
 def test_dockerfile_runs_the_cli_as_a_non_root_user():
     (entrypoint,) = instructions("ENTRYPOINT")
     (cmd,) = instructions("CMD")
@@ -334,6 +335,7 @@ def test_dockerfile_installs_the_package_from_files_the_build_context_keeps():
     assert not ignored("exporter/verl_exporter/spec/metrics/00-spec.yaml")
 
 
+@pytest.mark.integration
 def test_the_build_context_is_enough_to_build_the_package(tmp_path):
     """What the image's `pip install .` sees (the COPY sources less the ignore list) builds a complete wheel."""
     pytest.importorskip("setuptools")
@@ -363,6 +365,7 @@ def run_healthcheck(port: int) -> subprocess.CompletedProcess:
     return subprocess.run(healthcheck_argv(), env=env, capture_output=True, text=True, timeout=30)
 
 
+@pytest.mark.integration
 def test_the_image_healthcheck_passes_on_a_live_sidecar_and_fails_on_a_dead_port(serve):
     sidecar = serve()
     assert run_healthcheck(sidecar.port).returncode == 0
@@ -410,6 +413,7 @@ def test_compose_publishes_ports_on_loopback_only():
             assert "ports" not in service, f"{name} shares {owner}'s network: publish its ports there"
 
 
+@pytest.mark.integration
 def test_compose_commands_use_real_subcommands_and_flags():
     for name, service in SERVICES.items():
         if ours(service):
@@ -488,6 +492,7 @@ def test_the_compose_relay_config_loads_without_secrets_and_routes_every_receive
     assert config.delivery.drain_seconds < float(grace.removesuffix("s")), "killed before it can spool"
 
 
+@pytest.mark.integration
 def test_the_compose_relay_starts_healthy_without_secrets(tmp_path):
     """The relay as compose runs it (its config, the environment compose gives it with no secrets set)."""
     port = free_port()
@@ -579,6 +584,7 @@ def test_every_dashboard_is_valid_json_on_the_datasource_variable():
                 assert ref.get("uid") == "${datasource}", f"{path.name}: {ref} cannot resolve under provisioning"
 
 
+@pytest.mark.integration
 def test_promtool_accepts_the_prometheus_config_as_compose_mounts_it(tmp_path):
     promtool = require_tool("promtool")
     for source, target, bind in mounts("prometheus"):
@@ -597,6 +603,7 @@ def test_promtool_accepts_the_prometheus_config_as_compose_mounts_it(tmp_path):
     assert "SUCCESS: 2 rule files found" in run.stdout + run.stderr
 
 
+@pytest.mark.integration
 def test_amtool_accepts_the_alertmanager_config_compose_mounts():
     amtool = require_tool("amtool")
     path = to_host("alertmanager", "/etc/alertmanager/alertmanager.yml")
@@ -614,6 +621,7 @@ def compose_cli() -> list[str] | None:
     return None
 
 
+@pytest.mark.integration
 def test_docker_compose_itself_accepts_the_file():
     argv = compose_cli()
     if argv is None:
@@ -638,6 +646,7 @@ def test_kubernetes_files_are_well_formed():
 
 @pytest.mark.parametrize("pod_spec", [SIDECAR_POD["spec"], RELAY_DEPLOYMENT["spec"]["template"]["spec"]],
                          ids=["sidecar", "relay"])
+@pytest.mark.integration
 def test_kubernetes_probes_hit_healthz_on_a_declared_port(pod_spec):
     for c in all_containers(pod_spec):
         if not c["image"].startswith("verl-exporter:"):
@@ -655,6 +664,7 @@ def test_kubernetes_probes_hit_healthz_on_a_declared_port(pod_spec):
             assert listen_port(argv) in ports
 
 
+@pytest.mark.integration
 def test_the_sidecar_probe_paths_answer_on_a_live_sidecar(serve):
     sidecar = serve()
     kinds = ("startupProbe", "livenessProbe", "readinessProbe")
@@ -756,6 +766,7 @@ def test_the_kubernetes_relay_reads_secrets_only_from_the_secret(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ README
+@pytest.mark.integration
 def test_docker_readme_commands_use_real_flags():
     commands = readme_commands()
     assert any(c[0] == "serve" for c in commands)
@@ -812,6 +823,7 @@ def test_the_victoriametrics_compose_shards_scraping_and_wires_every_url():
         assert urlsplit(url).hostname in VM_SERVICES, flag
 
 
+@pytest.mark.integration
 def test_vmagent_and_vmalert_accept_the_configs_compose_mounts(tmp_path):
     """vmagent's strict parser (it refuses fields it does not know, e.g. file_sd refresh_interval) and
     vmalert's dry run (the rules parse as MetricsQL) on the generated files."""
@@ -826,6 +838,7 @@ def test_vmagent_and_vmalert_accept_the_configs_compose_mounts(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+@pytest.mark.integration
 def test_the_victoriametrics_compose_commands_use_real_flags():
     for name, service in VM_SERVICES.items():
         if ours(service):
@@ -837,6 +850,7 @@ def vm_k8s(kind: str, name: str) -> dict:
     return doc
 
 
+@pytest.mark.integration
 def test_the_kubernetes_victoriametrics_manifest_shards_and_loads_the_generated_rules(tmp_path):
     vmagent_set = vm_k8s("StatefulSet", "verl-vmagent")
     (agent,) = vmagent_set["spec"]["template"]["spec"]["containers"]

@@ -50,6 +50,7 @@ def test_many_writers_share_a_directory_without_clashing(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.integration
 def test_promtool_accepts_a_registration_as_file_sd(tmp_path):
     from conftest import require_tool
 
@@ -63,6 +64,7 @@ def test_promtool_accepts_a_registration_as_file_sd(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+@pytest.mark.integration
 def test_serve_registers_and_deregisters(tmp_path, serve):
     sd = tmp_path / "sd"
     side = serve("--file-sd", str(sd), "--advertise", "trainer-3")
@@ -95,6 +97,7 @@ def free_port_pair() -> int:
     raise AssertionError("no two consecutive free ports")
 
 
+@pytest.mark.integration
 def test_node_runs_a_sidecar_per_local_rank_and_restarts_one_that_dies(tmp_path):
     port = free_port_pair()
     log = tmp_path / "verl.jsonl"
@@ -133,6 +136,7 @@ def test_node_runs_a_sidecar_per_local_rank_and_restarts_one_that_dies(tmp_path)
     assert not list(sd.glob("verl-*.json"))  # a clean stop deregisters every rank, the restarted one too
 
 
+@pytest.mark.integration
 def test_node_rejects_per_child_flags():
     p = subprocess.run([sys.executable, "-m", "verl_exporter", "node", "--ranks", "2", "--", "--rank", "3"],
                        capture_output=True, text=True, timeout=30)
@@ -165,6 +169,7 @@ def test_liveness_floor_and_default_off():
     assert off.health()[0]  # --hang-factor 0: /healthz never judges the trainer
 
 
+@pytest.mark.integration
 def test_healthz_reports_a_hang_and_a_gone_trainer(tmp_path, serve):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     log = tmp_path / "verl.jsonl"
@@ -186,6 +191,7 @@ def test_healthz_reports_a_hang_and_a_gone_trainer(tmp_path, serve):
 
 
 @pytest.mark.parametrize("flag", ["--hang-factor=-1", "--hang-min-seconds=-5"])
+@pytest.mark.integration
 def test_bad_liveness_flags(flag):
     p = subprocess.run([sys.executable, "-m", "verl_exporter", "serve", "--listen", "127.0.0.1:0", flag],
                        capture_output=True, text=True, timeout=30)

@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -181,6 +182,7 @@ def check(follower: VerlFileFollower, store: TrainingStore, sm: SelfMetrics, mod
     assert model.counts["rejected"] <= rejected <= model.counts["rejected"] + model.early_rejects()
 
 
+@pytest.mark.integration
 def test_promtool_accepts_what_is_served_after_every_kind_of_bad_input(tmp_path):
     import subprocess
 

@@ -61,6 +61,7 @@ def forensics(tmp_path, trainer_pid=None, **settings) -> tuple[Forensics, SelfMe
                      {"run": "r1", "rank": "0"}), metrics
 
 
+@pytest.mark.integration
 def test_a_capture_holds_the_real_stack_in_a_private_file(tmp_path, sleeper):
     f, metrics = forensics(tmp_path, sleeper.pid)
     doc = f.capture("request", "by hand")
@@ -75,6 +76,7 @@ def test_a_capture_holds_the_real_stack_in_a_private_file(tmp_path, sleeper):
     assert f.last["verdict"] == doc["verdict"]
 
 
+@pytest.mark.integration
 def test_a_process_that_is_not_there_is_counted_with_why(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid, now free
@@ -88,6 +90,7 @@ def test_a_process_that_is_not_there_is_counted_with_why(tmp_path):
     assert metrics.value("verl_exporter_forensics_captures_total", trigger="stall") == 1
 
 
+@pytest.mark.integration
 def test_a_missing_py_spy_says_how_to_install_it(tmp_path, sleeper):
     f, metrics = forensics(tmp_path, sleeper.pid, py_spy=str(tmp_path / "no" / "py-spy"))
     [proc] = f.capture("request")["processes"]
@@ -102,6 +105,7 @@ PTRACE_ERRORS = ["Error: Operation not permitted (os error 1)",
 
 
 @pytest.mark.parametrize("error", PTRACE_ERRORS)
+@pytest.mark.integration
 def test_a_refused_ptrace_names_the_capability_and_kubernetes(tmp_path, sleeper, error):
     fake = tmp_path / "py-spy"
     fake.write_text(f"#!/bin/sh\ncat >&2 <<'EOF'\n{error}\nEOF\nexit 1\n")
@@ -113,6 +117,7 @@ def test_a_refused_ptrace_names_the_capability_and_kubernetes(tmp_path, sleeper,
     assert metrics.value("verl_exporter_forensics_failures_total", reason="permission") == 1
 
 
+@pytest.mark.integration
 def test_a_py_spy_that_hangs_is_timed_out(tmp_path, sleeper):
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\nexec sleep 30\n")
@@ -123,6 +128,7 @@ def test_a_py_spy_that_hangs_is_timed_out(tmp_path, sleeper):
     assert metrics.value("verl_exporter_forensics_failures_total", reason="timeout") == 1
 
 
+@pytest.mark.integration
 def test_an_unwritable_directory_is_counted_not_raised(tmp_path, sleeper):
     blocker = tmp_path / "forensics"
     blocker.write_text("a file where the folder should be")
@@ -158,6 +164,7 @@ def test_requests_within_the_gap_get_the_latest_capture(tmp_path):
     assert f.requested("c")["path"] != first["path"]
 
 
+@pytest.mark.integration
 def test_the_stall_trigger_is_the_specs_stall_alerts_on_the_store(tmp_path, sleeper):
     store = TrainingStore(SPEC, SelfMetrics(SPEC))
     for step in range(1, 13):
@@ -300,6 +307,7 @@ def test_the_nodes_ray_workers_are_found_by_command_line(name, cmdline, expected
     assert looks_like_ray_worker(name, cmdline) is expected
 
 
+@pytest.mark.integration
 def test_a_sidecar_in_the_trainers_tree_does_not_dump_itself(tmp_path, sleeper):
     from verl_exporter.sidecar.forensics import targets
 

@@ -22,6 +22,7 @@ METRIC_RE = re.compile(r"\b((?:[a-z_]+:)?verl_[a-z0-9_]+(?::[a-z0-9_]+)?)\b")
 PROMETHEUS_OWN = {"up", "ALERTS", "time"}
 
 
+@pytest.mark.integration
 def test_committed_output_is_up_to_date():
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", "generate", "--check"], cwd=REPO,
                           capture_output=True, text=True)
@@ -44,6 +45,7 @@ def test_rendering_is_deterministic():
     assert render_all(load_spec(), REPO) == render_all(load_spec(), REPO)
 
 
+@pytest.mark.integration
 def test_promtool_checks_and_tests_the_rules():
     promtool = require_tool("promtool")
     rules = sorted(str(p) for p in (REPO / "rules").glob("*.yaml"))
@@ -64,6 +66,7 @@ def test_generated_tests_cover_every_alert_firing_and_silent():
     assert all(kinds == {"fires", "silent"} for kinds in seen.values()), seen
 
 
+@pytest.mark.integration
 def test_a_broken_threshold_makes_promtool_fail(tmp_path):
     """The generated tests have teeth: rules that disagree with their spec fail them."""
     promtool = require_tool("promtool")
@@ -78,6 +81,7 @@ def test_a_broken_threshold_makes_promtool_fail(tmp_path):
     assert run.returncode != 0 and "VerlPPOClipFractionHigh" in run.stdout + run.stderr
 
 
+@pytest.mark.integration
 def test_amtool_accepts_the_alertmanager_config():
     amtool = require_tool("amtool")
     run = subprocess.run([amtool, "check-config", str(REPO / "alertmanager/alertmanager.yml")],
@@ -85,6 +89,7 @@ def test_amtool_accepts_the_alertmanager_config():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+@pytest.mark.integration
 def test_promtool_accepts_the_example_prometheus_config(tmp_path):
     promtool = require_tool("promtool")
     text = (REPO / "docker/prometheus/prometheus.yml").read_text().replace("/etc/prometheus/", "")
@@ -229,6 +234,7 @@ def test_annotation_expansion_matches_go():
     assert expand(text, 1.234, {"rank": "3"}) == "v=1.23 on 3"
 
 
+@pytest.mark.integration
 def test_relay_url_can_be_pointed_elsewhere(tmp_path):
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", "generate", "--out", str(tmp_path),

@@ -21,6 +21,8 @@ from verl_exporter.sidecar.collectors.cpu import CpuCollector
 from verl_exporter.sidecar.collectors.disk import DiskCollector
 from verl_exporter.spec import load_spec
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 FIXTURES = Path(__file__).parent / "fixtures"
 T0, T1 = FIXTURES / "proc_t0", FIXTURES / "proc_t1"
 TARGET = {"job": "verl", "instance": "node0:9477", "run": "r1", "rank": "0"}

@@ -11,6 +11,8 @@ import pytest
 from conftest import http_get, wait_for
 from verl_exporter.core.httpserver import HttpServer, ListenError
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 # How long a test waits for the server to act; never an assertion about speed.
 PATIENCE_S = 20.0
 

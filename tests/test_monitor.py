@@ -10,6 +10,8 @@ import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
 from verl_exporter import Monitor
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 
 @pytest.fixture
 def monitor():

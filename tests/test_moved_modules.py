@@ -10,6 +10,7 @@ import pytest
 from verl_exporter import MOVED
 
 
+@pytest.mark.integration
 def test_the_old_callback_path_is_the_class_at_its_new_place():
     code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
             "try:\n    import verl_exporter.verl_callback\nexcept DeprecationWarning as w:\n    print(w)\n"

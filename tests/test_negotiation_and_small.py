@@ -72,6 +72,7 @@ def test_gzip_follows_the_accept_encoding_q_values(accept_encoding, gzipped):
     assert b"demo_value 1.0" in text
 
 
+@pytest.mark.integration
 def test_the_index_page_escapes_the_run_name_and_shows_no_none():
     from conftest import http_get
     from verl_exporter.sidecar.config import ServeConfig

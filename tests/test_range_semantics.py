@@ -17,6 +17,8 @@ import yaml
 from conftest import REPO, require_tool
 from verl_exporter.render.rule_tests import left_open
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 RULE_FILES = ("verl-recording.yaml", "verl-alerts.yaml")
 
 

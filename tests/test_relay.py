@@ -42,6 +42,8 @@ from verl_exporter.relay.journal import check_spool_dir
 from verl_exporter.relay.payload import parse_payload
 from verl_exporter.spec import load_spec
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 TOKEN = "dt-access-token-5f2c9a1e"
 SECRET = "SECdt-signing-secret-77ab3c"
 WKEY = "wecom-key-0c4e1d93"

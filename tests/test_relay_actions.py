@@ -18,6 +18,8 @@ from verl_exporter.relay.metrics import RelayMetrics
 from verl_exporter.relay.payload import Alert
 from verl_exporter.relay.senders import RobotSender
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 TOKEN = "control-token-3b9e51"
 
 

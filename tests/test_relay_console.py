@@ -59,6 +59,7 @@ def test_console_settings_are_checked_and_robot_only_keys_refused(tmp_path):
 
 
 # ---------------------------------------------------------------- exactly the robot's message
+@pytest.mark.integration
 def test_a_console_target_writes_the_very_body_the_robot_gets(tmp_path):
     """The same alerts through a DingTalk target (to a stand-in robot) and a console target with the same
     settings (show: body, to a file): the robot received exactly what the console shows."""
@@ -173,6 +174,7 @@ def relay_cli(*args):
                           timeout=60)
 
 
+@pytest.mark.integration
 def test_preview_routes_and_renders_without_secrets_and_sends_nothing(tmp_path):
     config, alert = preview_files(tmp_path)
     proc = relay_cli("--config", str(config), "--preview", str(alert))
@@ -193,6 +195,7 @@ def test_preview_routes_and_renders_without_secrets_and_sends_nothing(tmp_path):
     assert bodies[0]["at"]["atMobiles"] == ["13800000000"]
 
 
+@pytest.mark.integration
 def test_preview_body_is_what_the_robot_sender_would_post(tmp_path):
     config, alert = preview_files(tmp_path)
     from verl_exporter.relay.config import load_config
@@ -206,6 +209,7 @@ def test_preview_body_is_what_the_robot_sender_would_post(tmp_path):
     assert expected.decode() in proc.stdout.splitlines()  # the live path posts Message.body as it is
 
 
+@pytest.mark.integration
 def test_preview_problems_are_named(tmp_path):
     config, _ = preview_files(tmp_path)
     bad = tmp_path / "bad.json"
@@ -217,6 +221,7 @@ def test_preview_problems_are_named(tmp_path):
     assert proc.returncode == 2 and "cannot read" in proc.stderr
 
 
+@pytest.mark.integration
 def test_preview_of_a_receiver_no_route_takes(tmp_path):
     config, alert = preview_files(tmp_path)
     doc = yaml.safe_load(config.read_text())
@@ -229,6 +234,7 @@ def test_preview_of_a_receiver_no_route_takes(tmp_path):
     assert "no route of the relay config takes receiver 'infra-warning'" in proc.stdout
 
 
+@pytest.mark.integration
 def test_check_config_describes_a_console_target(tmp_path):
     config = tmp_path / "relay.yaml"
     config.write_text(yaml.safe_dump(console_doc(style="wecom", file="previews.log")))

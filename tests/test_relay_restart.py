@@ -1,3 +1,4 @@
+
 """The relay as a real process (`verl-exporter relay`), killed with SIGTERM or kill -9 at random points while
 it delivers to the loopback robots (tests/robots.py), with an Alertmanager-like sender that posts each alert
 until it gets a 200.
@@ -25,9 +26,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO, free_port, http_get, wait_for
 from robots import FakeDingTalk, FakeWeCom
+
+pytestmark = pytest.mark.integration  # starts servers or programs
 
 TOKEN, SECRET, WKEY = "dt-token-restart-41c7", "SECdt-secret-restart-9a2e", "wecom-key-restart-77d1"
 ENV = {"DT_TOKEN": TOKEN, "DT_SECRET": SECRET, "WECOM_KEY": WKEY}

@@ -122,6 +122,7 @@ def test_the_lock_refuses_a_second_holder_in_one_process_and_is_free_after_relea
     assert spool_holder(tmp_path / "not-there") is None  # a spool_dir not yet made is free
 
 
+@pytest.mark.integration
 def test_a_relay_that_cannot_listen_frees_its_spool_dir_and_keeps_the_spooled_alerts(tmp_path):
     # Before, the lock stayed held after a failed start: a retry in the same process was refused as a second relay.
     import socket

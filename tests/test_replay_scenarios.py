@@ -14,6 +14,8 @@ from verl_exporter.spec import load_spec
 from verl_exporter.tools import agreement as ag
 from verl_exporter.tools import replay as rp
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 RULES = REPO / "rules"
 SPEC = load_spec()
 

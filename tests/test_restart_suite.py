@@ -17,6 +17,8 @@ import pytest
 from conftest import ServeProcess, sample
 from promreplay import NONFINITE, firing_minutes, nonfinite_alert_exprs
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 STEPS = 800
 RESTARTS = 4
 

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
 from fake_pynvml import make_context
 from verl_exporter.sidecar import collectors
@@ -161,6 +162,7 @@ def test_dropped_series_are_counted_once_per_sample_not_per_scrape():
     assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 10
 
 
+@pytest.mark.integration
 def test_importing_the_package_registers_every_collector_once():
     """node_exporter's layout: each collector file registers itself, the package imports every file; there is
     no second list of modules to keep in step."""
@@ -200,6 +202,7 @@ def _sidecar_with(collector_factory):
     return sidecar
 
 
+@pytest.mark.integration
 def test_a_started_sidecar_answers_its_first_scrape_with_its_collectors_series():
     """A first scrape without a collector's series reads as a gap (and an absent() alert's clock starting)."""
     sidecar = _sidecar_with(lambda ctx: SlowFirst(ctx, delay=0.5)).start()
@@ -210,6 +213,7 @@ def test_a_started_sidecar_answers_its_first_scrape_with_its_collectors_series()
         sidecar.stop()
 
 
+@pytest.mark.integration
 def test_a_collector_stuck_on_its_first_sample_delays_serving_only_a_bounded_time(monkeypatch):
     from verl_exporter.sidecar import sidecar as sidecar_module
 

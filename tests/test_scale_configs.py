@@ -1,3 +1,4 @@
+
 """The scale-path examples stay valid: the HA replica's Prometheus config, with the generated rules."""
 
 from __future__ import annotations
@@ -6,10 +7,13 @@ import re
 import shutil
 import subprocess
 
+import pytest
 import yaml
 from conftest import REPO, require_tool
 from verl_exporter.render.promql import all_recordings
 from verl_exporter.spec import load_spec
+
+pytestmark = pytest.mark.integration  # starts servers or programs
 
 REPLICA = REPO / "docker/prometheus/scale/prometheus-replica.yml"
 

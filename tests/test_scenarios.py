@@ -39,11 +39,13 @@ def _clean_cases(doc: dict) -> dict[str, dict]:
     return {t["name"].split(":")[0]: t for t in doc["tests"] if t["name"].startswith("clean ")}
 
 
+@pytest.mark.integration
 def test_committed_file_is_up_to_date():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--check"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_promtool_passes_the_scenarios():
     promtool = require_tool("promtool")
     proc = subprocess.run([promtool, "test", "rules", str(SCENARIOS)], capture_output=True, text=True)

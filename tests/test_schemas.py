@@ -52,6 +52,7 @@ def pointing_files() -> list[Path]:
     return out
 
 
+@pytest.mark.integration
 def test_the_examples_that_point_to_a_schema_validate_against_it():
     files = pointing_files()
     checked = []

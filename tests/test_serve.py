@@ -10,6 +10,8 @@ import pytest
 from conftest import REPO, http_get, parse_metrics, require_tool, sample, wait_for
 from verl_exporter.sidecar.config import ConfigError, build_config, read_config_file
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 
 def verl_line(step, **data):
     return json.dumps({"step": step, "data": data}) + "\n"

@@ -239,6 +239,7 @@ def test_spec_file_errors_are_clear(tmp_path):
         load_spec(bad)
 
 
+@pytest.mark.integration
 def test_spec_command_prints_a_table_and_json(tmp_path):
     table = subprocess.run([sys.executable, "-m", "verl_exporter", "spec"], capture_output=True, text=True,
                            check=True).stdout
@@ -251,6 +252,7 @@ def test_spec_command_prints_a_table_and_json(tmp_path):
     assert by_name["verl_timing_per_token_seconds"]["source"][0]["scale"] == pytest.approx(1e-3)
 
 
+@pytest.mark.integration
 def test_spec_command_rejects_a_bad_spec_file(tmp_path):
     doc = good_doc()
     doc["metrics"][0]["unit"] = "bytes"

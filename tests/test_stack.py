@@ -38,6 +38,8 @@ from verl_exporter.render.promql import all_recordings
 from verl_exporter.spec import load_spec
 from verl_exporter.tools.demo import demo_lines
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 CONTROL_TOKEN = "stack-control-token"
 DT_TOKEN, DT_SECRET = "dt-access-token", "SECstacksecret"
 NAN_ALERT = "VerlNonFiniteGradNorm"

@@ -57,6 +57,7 @@ def test_mixed_dtypes_and_missing_grads_do_not_break_observe():
     assert watch.observed_steps == 1
 
 
+@pytest.mark.integration
 def test_monitor_exports_the_grad_watch():
     monitor = Monitor(listen="127.0.0.1:0", run="torch", rank=0)
     try:
@@ -73,6 +74,7 @@ def test_monitor_exports_the_grad_watch():
         monitor.close()
 
 
+@pytest.mark.integration
 def test_cuda_memory_series_from_the_allocator(monkeypatch):
     stats = {"memory_allocated": 100, "memory_reserved": 300, "max_memory_allocated": 200}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -9,6 +9,8 @@ import yaml
 from conftest import REPO
 from promreplay import firing_minutes
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 SERIES = 'verl_validation_score{job="verl", run="r1", kind="core", data_source="math", variable="acc", stat="mean@1"}'
 
 

@@ -285,6 +285,7 @@ def test_a_restart_rebuilds_the_nan_count_of_a_key_standing_in_for_another(make)
 
 
 @pytest.mark.parametrize("down_minutes", [1, 25])
+@pytest.mark.integration
 def test_a_sidecar_restart_raises_no_nan_alert_in_a_promtool_replay(make, tmp_path, down_minutes):
     from promreplay import NONFINITE, firing_minutes, nonfinite_alert_exprs, restart_values
 

@@ -7,6 +7,8 @@ import math
 import pytest
 from conftest import IN_CI, sample, wait_for
 
+pytestmark = pytest.mark.integration  # starts servers or programs
+
 
 def tracking_class():
     try:

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 from conftest import sample, wait_for
 
+pytestmark = pytest.mark.integration  # verl's trainer
 pytest.importorskip("verl.trainer.ppo.v1.trainer_base", reason="needs verl[verl-core]==0.9.1 (the test extra)")
 
 TOKEN = "v1-loop-control-token"
