@@ -17,7 +17,7 @@ import paths  # noqa: F401 - sets up imports of the package from this checkout
 
 # isort: split
 from verl_exporter.core.detect import Detectors  # noqa: E402
-from verl_exporter.core.selfmetrics import SelfMetrics  # noqa: E402
+from verl_exporter.exposition.selfmetrics import SelfMetrics  # noqa: E402
 from verl_exporter.sidecar.store import TrainingStore  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
 from verl_exporter.tools import replay as rp  # noqa: E402

@@ -73,7 +73,7 @@ tflops = 2 * n ** 3 * matmuls * len(devices) / elapsed / 1e12
 helpers = None
 try:
     from verl_exporter.sidecar.collectors import Context
-    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.exposition.selfmetrics import SelfMetrics
     from verl_exporter.spec import load_spec
     from verl_exporter.trainer.torch_helpers import TorchCollector
 except ImportError as e:
@@ -154,7 +154,7 @@ class LineReader:
 # ---------------------------------------------------------------------------------------------- parts
 def time_in_process(args, out) -> dict:
     """The collectors' own cost on the real NVML, in this process."""
-    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.exposition.selfmetrics import SelfMetrics
     from verl_exporter.sidecar.collectors import Context, Unavailable
     from verl_exporter.sidecar.collectors.gpu import GpuCollector
     from verl_exporter.sidecar.collectors.gpu_processes import GpuProcessesCollector

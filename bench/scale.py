@@ -76,7 +76,7 @@ from fake_pynvml import FakeGpu, FakeNvml, busy_node, default_pci  # noqa: E402
 from foundation import extra_keys_line, version_of  # noqa: E402
 from helpers import free_port, percentile, results_table  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from verl_exporter.core.server import make_app  # noqa: E402
+from verl_exporter.exposition.app import make_app  # noqa: E402
 from verl_exporter.sidecar.config import build_config  # noqa: E402
 from verl_exporter.sidecar.sidecar import Sidecar  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402

@@ -591,7 +591,7 @@ def busy_node(gpus: int | list[FakeGpu] = 2, nvlink_links: int = 4, costs_us: di
 
 def make_context(fake: FakeNvml | None, **overrides):
     """A collectors Context on the real spec whose NVML is ``fake`` (None: the real binding)."""
-    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.exposition.selfmetrics import SelfMetrics
     from verl_exporter.sidecar.collectors import Context
 
     spec = overrides.pop("spec", None) or _spec()

@@ -7,7 +7,7 @@ import io
 
 import pytest
 from verl_exporter.core.auth import bearer_token_ok
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.relay.app import RelayApp
 from verl_exporter.relay.config import parse_config
 from verl_exporter.relay.dispatch import Dispatcher

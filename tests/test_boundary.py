@@ -16,10 +16,10 @@ import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
-from verl_exporter.core.exposition import TextRenderer
 from verl_exporter.core.httpserver import HttpServer
-from verl_exporter.core.selfmetrics import SelfMetrics
-from verl_exporter.core.server import make_app
+from verl_exporter.exposition.app import make_app
+from verl_exporter.exposition.encode import TextRenderer
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import MetricSpec, load_spec
 from verl_exporter.trainer.monitor import Monitor

@@ -31,7 +31,7 @@ from verl_exporter.checkpoint.manifest import (
     write_manifest,
 )
 from verl_exporter.core import atomicfile
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context, Unavailable
 from verl_exporter.sidecar.collectors import checkpoint as checkpoint_collector
 from verl_exporter.sidecar.collectors.checkpoint import CheckpointCollector

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors.disk import IGNORED_DEVICES, DiskCollector
 from verl_exporter.spec import load_spec

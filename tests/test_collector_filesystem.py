@@ -6,7 +6,7 @@ import errno
 import os
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors import filesystem as filesystem_module
 from verl_exporter.sidecar.collectors.filesystem import FilesystemCollector

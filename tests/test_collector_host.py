@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import require_tool
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import REGISTRY, Context
 from verl_exporter.sidecar.collectors.cpu import USER_HZ, CpuCollector
 from verl_exporter.sidecar.collectors.host import HostCollector

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors.network import MAX_INTERFACES, VIRTUAL_INTERFACES, NetworkCollector
 from verl_exporter.spec import load_spec

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context, Unavailable
 from verl_exporter.sidecar.collectors.pressure import PressureCollector
 from verl_exporter.spec import load_spec

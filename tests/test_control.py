@@ -560,7 +560,7 @@ def test_a_sidecar_under_umask_077_makes_folders_the_trainer_can_pass(serve, ope
 @pytest.mark.integration
 def test_a_file_another_uid_cannot_reach_is_not_reported_applied(open_folder, monkeypatch):
     """The sidecar made the folder but it could not be opened up (a mount that ignores chmod)."""
-    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.exposition.selfmetrics import SelfMetrics
     from verl_exporter.sidecar.control import make_control_app
 
     monkeypatch.setattr(os, "chmod", lambda *a, **k: None)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 from verl_exporter.core.detect import Detectors, SignalDetector, SignalSpec
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import SpecError, load_spec, parse_spec
 from verl_exporter.trainer.breaker import CircuitBreaker

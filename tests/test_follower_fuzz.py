@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.mapper import MAX_KEY_LENGTH
 from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
 from verl_exporter.sidecar.store import TrainingStore

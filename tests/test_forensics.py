@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
 from verl_exporter.core.verdict import (
     flight_recorder_verdict,
     merge,
@@ -22,6 +21,7 @@ from verl_exporter.core.verdict import (
     read_flight_recorder,
     verdict,
 )
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.forensics import HINTS, Forensics, ForensicsSettings, StallWatch, classify
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from fake_pynvml import busy_node
-from verl_exporter.core.server import make_app
+from verl_exporter.exposition.app import make_app
 from verl_exporter.sidecar.config import build_config
 from verl_exporter.sidecar.sidecar import Sidecar
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_tool
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.render.rule_tests import expand
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors.cpu import CpuCollector

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import SpecError, load_spec, parse_spec

@@ -9,16 +9,17 @@ from pathlib import Path
 import verl_exporter
 
 PKG = Path(verl_exporter.__file__).parent
-ROLES = ("core", "spec", "render", "sidecar", "trainer", "checkpoint", "relay", "tools")
+ROLES = ("core", "spec", "exposition", "render", "sidecar", "trainer", "checkpoint", "relay", "tools")
 # what each role may import from the package (besides itself); spec's one exception is core.detect
 ALLOWED = {
-    "core": {"spec"},
+    "core": set(),  # the ground: it imports nothing above it
+    "exposition": {"core", "spec"},
     "spec": {"core.detect", "core.models"},
     "render": {"spec"},
-    "sidecar": {"core", "spec", "checkpoint"},
-    "trainer": {"sidecar", "core", "spec", "checkpoint"},
+    "sidecar": {"exposition", "core", "spec", "checkpoint"},
+    "trainer": {"exposition", "sidecar", "core", "spec", "checkpoint"},
     "checkpoint": {"core"},
-    "relay": {"core", "spec"},
+    "relay": {"exposition", "core", "spec"},
     "tools": set(ROLES) | {""},
 }
 

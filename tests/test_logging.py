@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from verl_exporter.core import selfmetrics
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.control import ControlReader
 from verl_exporter.spec import load_spec
 
@@ -42,9 +42,9 @@ def test_a_problem_logs_its_traceback_once_then_one_line_a_minute(caplog, monkey
         sm.problem("disk", "parse", "a bad line")  # another kind: its own first, without an exception
     records = [(r.name, r.getMessage(), bool(r.exc_info)) for r in caplog.records]
     assert records == [
-        ("verl_exporter.core.selfmetrics", "disk: diskstats: RuntimeError('first')", True),
-        ("verl_exporter.core.selfmetrics", "disk: diskstats: RuntimeError('a minute later')", False),
-        ("verl_exporter.core.selfmetrics", "disk: a bad line", False),
+        ("verl_exporter.exposition.selfmetrics", "disk: diskstats: RuntimeError('first')", True),
+        ("verl_exporter.exposition.selfmetrics", "disk: diskstats: RuntimeError('a minute later')", False),
+        ("verl_exporter.exposition.selfmetrics", "disk: a bad line", False),
     ]
     assert "Traceback" in caplog.text and caplog.text.count("Traceback") == 1
     assert sm.value("verl_exporter_source_errors_total", component="disk") == 4

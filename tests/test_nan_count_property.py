@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.sources.verl_file import VerlFileFollower, may_be_nonfinite
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec

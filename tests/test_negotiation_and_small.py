@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import verl_exporter
 from prometheus_client import CollectorRegistry, Gauge
-from verl_exporter.core.server import metrics_app
 from verl_exporter.core.shutdown import SIGNALS, stop_event
+from verl_exporter.exposition.app import metrics_app
 from verl_exporter.sidecar import node
 from verl_exporter.sidecar.control import ControlState, make_control_app
 

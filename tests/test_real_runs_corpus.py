@@ -11,7 +11,7 @@ import statistics
 import pytest
 import yaml
 from conftest import REPO
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.mapper import KeyMapper, unmapped_name
 from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
 from verl_exporter.sidecar.store import TrainingStore

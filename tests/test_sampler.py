@@ -113,8 +113,8 @@ def test_fast_exposition_matches_client_python():
     """exposition.py renders what client_python would, in both formats."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-    from verl_exporter.core.exposition import safe_text
-    from verl_exporter.core.families import family
+    from verl_exporter.exposition.encode import safe_text
+    from verl_exporter.exposition.families import family
 
     ctx = make_context(None)
 

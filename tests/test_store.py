@@ -8,7 +8,7 @@ import pytest
 from conftest import parse_metrics, sample
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.store import TrainingStore, as_number
 from verl_exporter.spec import load_spec
 

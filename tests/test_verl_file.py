@@ -7,7 +7,7 @@ import math
 import os
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec

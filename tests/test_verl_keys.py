@@ -286,7 +286,7 @@ def test_every_verl_key_maps_to_a_spec_metric(capsys):
 def test_every_scanned_key_written_by_verls_file_logger_is_exported_typed(tmp_path, monkeypatch):
     """verl's own FileLogger writes every key the scan found; the real follower and store map them all."""
     from verl.utils.tracking import Tracking
-    from verl_exporter.core.selfmetrics import SelfMetrics
+    from verl_exporter.exposition.selfmetrics import SelfMetrics
     from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
     from verl_exporter.sidecar.store import TrainingStore
 

@@ -15,13 +15,15 @@ __all__ = ["Monitor", "__version__"]
 # the old verl_exporter.sidecar module is the sidecar/ package now (its Sidecar: verl_exporter.sidecar.sidecar).
 MOVED = {
     "verl_callback": "trainer.verl_callback", "breaker": "trainer.breaker", "torch_helpers": "trainer.torch_helpers",
-    "atomicfile": "core.atomicfile", "auth": "core.auth", "detect": "core.detect", "exposition": "core.exposition",
-    "families": "core.families", "httpserver": "core.httpserver", "selfmetrics": "core.selfmetrics",
-    "server": "core.server", "shutdown": "core.shutdown", "config": "sidecar.config", "control": "sidecar.control",
+    "atomicfile": "core.atomicfile", "auth": "core.auth", "detect": "core.detect",
+    "families": "exposition.families", "httpserver": "core.httpserver", "selfmetrics": "exposition.selfmetrics",
+    "server": "exposition.app", "shutdown": "core.shutdown", "config": "sidecar.config", "control": "sidecar.control",
     "file_sd": "sidecar.file_sd", "mapper": "sidecar.mapper", "node": "sidecar.node",
     "store": "sidecar.store", "collectors": "sidecar.collectors", "sources": "sidecar.sources",
     "checkpoint_cli": "checkpoint.cli", "checkpoint_manifest": "checkpoint.manifest", "backtest": "tools.backtest",
     "calibrate": "tools.calibrate", "demo": "tools.demo", "demo_stack": "tools.demo_stack", "replay": "tools.replay",
+    "core.server": "exposition.app", "core.exposition": "exposition.encode",
+    "core.families": "exposition.families", "core.selfmetrics": "exposition.selfmetrics",
 }
 
 

@@ -1,5 +1,5 @@
-"""What every role shares: the HTTP server base, /metrics exposition and the pack's self-metrics, atomic
-writes, the shutdown helper, the bearer-token check and the step-domain detectors.
+"""What every role stands on: the HTTP server, atomic writes, the shutdown helper, the bearer-token check, the
+typed-file base (models), the step-domain detectors (detect) and the cross-rank verdict.
 
-May import: spec/ only. Everything else may import core/.
+May import: nothing of the package. Everything else may import core/.
 """

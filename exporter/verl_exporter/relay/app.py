@@ -17,7 +17,7 @@ import threading
 
 from ..core.auth import bearer_token_ok
 from ..core.httpserver import HttpServer
-from ..core.server import method_not_allowed, metrics_app
+from ..exposition.app import method_not_allowed, metrics_app
 from .actions import ActionRunner, evidence_alert
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull

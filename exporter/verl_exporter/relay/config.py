@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate
-from ..core.server import parse_listen
+from ..exposition.app import parse_listen
 from ..spec import RulesConfig
 
 ROBOT_TYPES = ("dingtalk", "wecom")

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from ..core.families import family
-from ..core.selfmetrics import SpecSeries
+from ..exposition.families import family
+from ..exposition.selfmetrics import SpecSeries
 from ..spec import Spec, load_spec
 
 MAX_RECEIVER_VALUES = 64

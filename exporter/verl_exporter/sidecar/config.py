@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate, where
-from ..core.server import parse_listen
+from ..exposition.app import parse_listen
 from ..spec import LABEL_NAME_RE, RESERVED_LABELS
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
 from .control import parse_file_mode

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..core.exposition import safe_label_value
+from ..exposition.encode import safe_label_value
 from ..spec import UNMAPPED_PREFIX, MetricSpec, SourceRule, Spec
 
 _CACHE_LIMIT = 20_000

@@ -17,8 +17,8 @@ import sys
 import threading
 import time
 
-from ..core.server import parse_listen
 from ..core.shutdown import stop_event
+from ..exposition.app import parse_listen
 from .config import DEFAULT_PORT
 
 # Flags (and whether they take a value) that only local rank 0 gets.

@@ -9,8 +9,8 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from ..core.selfmetrics import SelfMetrics
-from ..core.server import HttpServer, SafeCollector, health_handler, make_app
+from ..exposition.app import HttpServer, SafeCollector, health_handler, make_app
+from ..exposition.selfmetrics import SelfMetrics
 from ..spec import Spec
 from ..spec.overrides import load_effective_spec
 from .collectors import Context

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..core.detect import Detectors
-from ..core.exposition import TextRenderer
-from ..core.selfmetrics import SelfMetrics, describe
+from ..exposition.encode import TextRenderer
+from ..exposition.selfmetrics import SelfMetrics, describe
 from ..spec import MetricSpec, Spec
 from .mapper import MAX_KEY_LENGTH, KeyMapper, Resolved, unmapped_name
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.detect import step_duration, step_seconds_keys
-from ..core.selfmetrics import SelfMetrics
+from ..exposition.selfmetrics import SelfMetrics
 from ..sidecar.sources import console
 from ..sidecar.sources.verl_file import VerlFileFollower
 from ..sidecar.store import TrainingStore

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.selfmetrics import SelfMetrics, describe
+from ..exposition.selfmetrics import SelfMetrics, describe
 from ..sidecar.config import ServeConfig
 from ..sidecar.control import ControlReader
 from ..sidecar.store import MAX_DEPTH

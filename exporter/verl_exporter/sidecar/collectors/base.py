@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ...core.selfmetrics import SelfMetrics
+from ...exposition.selfmetrics import SelfMetrics
 from ...spec import Spec
 
 # (metric name from the spec, {label: value}, value)

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Iterable
 
-from ...core.exposition import TextRenderer
-from ...core.selfmetrics import SelfMetrics, describe
+from ...exposition.encode import TextRenderer
+from ...exposition.selfmetrics import SelfMetrics, describe
 from ...spec import MetricSpec, Spec
 from .base import Collector
 

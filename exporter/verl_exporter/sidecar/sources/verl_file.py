@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ...core.selfmetrics import SelfMetrics
+from ...exposition.selfmetrics import SelfMetrics
 from ..store import TrainingStore
 
 SOURCE = "file"

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from .exposition import choose_format, gzip_wanted
-from .httpserver import HttpServer, ListenError, parse_listen
+from ..core.httpserver import HttpServer, ListenError, parse_listen
+from .encode import choose_format, gzip_wanted
 from .selfmetrics import SelfMetrics, describe
 
 __all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "method_not_allowed",

@@ -16,7 +16,7 @@ import time
 
 from .. import __version__
 from ..spec import Spec
-from .exposition import safe_text
+from .encode import safe_text
 from .families import family
 
 log = logging.getLogger(__name__)
