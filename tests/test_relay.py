@@ -169,7 +169,7 @@ def test_config_reports_every_problem_at_once_naming_target_and_route(tmp_path):
         "targets.dt.url: must not carry access_token",
         "targets.wc.token_file: cannot read", "targets.wc.format: Input should be 'markdown' or 'text'",
         "targets.wc.mention_all_severities.0: Input should be 'critical'", "targets.wc.secret_env: unknown key",
-        "targets.wc.template: cannot read", "targets.odd: type must be one of ['dingtalk', 'wecom', 'console']",
+        "targets.wc.template: cannot read", "targets.odd: type must be one of ['dingtalk', 'wecom', 'lark', 'console']",
         "routes.0: unknown target(s) ['ghost']", "routes.1.matchers.severity: regex does not compile",
         "routes.1.matchers.bad-label: the name 'bad-label': not a label name",
         "routes.1.continue: must be true or false",
