@@ -15,8 +15,10 @@ from conftest import sample, wait_for
 from robots import FakeDingTalk, FakeLark, FakeWeCom
 from test_relay import am_alert, metrics, post, relay_doc, start_relay, webhook  # noqa: F401 (fixture)
 from verl_exporter.relay.config import RelayConfigError, parse_config
+from verl_exporter.relay.dispatch import ROBOT_BURSTS, RateLimiter
 from verl_exporter.relay.format import LARK_MAX_BODY, format_messages
-from verl_exporter.relay.payload import parse_alert
+from verl_exporter.relay.payload import parse_alert, parse_payload
+from verl_exporter.relay.preview import preview
 from verl_exporter.relay.senders import RobotSender, lark_signed
 from verl_exporter.relay.summary import summarise
 from verl_exporter.relay.terminal import render
@@ -93,6 +95,38 @@ def test_the_console_and_preview_show_the_card_as_lark_would():
     shown = render(msg.payload, "lark")
     assert "Lark robot · card (red) · [verl] FIRING 1 critical: VerlGpuXid" in shown
     assert "rings @ou_1" in shown and "<at" not in shown and "Runbook (https://example.org/runbook" in shown
+
+
+def test_preview_shows_the_lark_card_without_its_secrets():
+    doc = {"targets": {"lark": {"type": "lark", "token_env": "LARK_TOKEN", "secret_env": "LARK_SECRET"}},
+           "routes": [{"targets": ["lark"]}], "runbook_urls": [RUNBOOKS]}
+    config = parse_config(doc, environ={}, secrets_needed=False)
+    lines: list[str] = []
+    payload = parse_payload(json.dumps(webhook("verl-critical", [am_alert(), am_alert(severity="warning", i=1)])))
+    assert preview(config, payload, out=lines.append) == 0
+    out = "\n".join(lines)
+    assert "target lark (lark, markdown): 2 alert(s) in 1 message(s)" in out
+    assert "╭─ Lark robot · card (red) · [verl] FIRING 2 critical" in out and "[Runbook]" not in out
+    assert "│ FIRING · WARNING · VerlGpuXid" in out
+    lines.clear()
+    assert preview(config, payload, out=lines.append, body=True) == 0
+    (body,) = [ln for ln in lines if ln.startswith("{")]
+    assert json.loads(body)["msg_type"] == "interactive" and "sign" not in body  # signed only when sent
+
+
+def test_a_lark_bot_gets_at_most_5_messages_a_second_within_its_minute():
+    now = [0.0]
+    limiter = RateLimiter(20, 60.0, clock=lambda: now[0], burst=ROBOT_BURSTS["lark"])
+    for _ in range(5):
+        assert limiter.delay() == 0
+        limiter.record()
+    assert limiter.delay() == 1.0  # a sixth within the second would get 11232
+    for step in range(15):
+        now[0] = 1.0 + step
+        assert limiter.delay() == 0
+        limiter.record()
+    now[0] = 30.0
+    assert limiter.delay() == 30.0  # 20 in the minute: the minute's limit still holds
 
 
 # ---------------------------------------------------------------- against the loopback robot
