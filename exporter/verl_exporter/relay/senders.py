@@ -2,8 +2,9 @@
 
 A sender makes exactly one HTTP request per ``send`` and classifies the answer: delivered, worth retrying
 (network errors, HTTP 5xx/429, the robots' "too fast" and "busy" codes), or not (a bad signature or keyword,
-a body over the limit, an unknown token: sending it again cannot help). The retry loop itself lives with
-the delivery worker, which also owns the rate limit every attempt counts against.
+a body over the limit, an unknown token: sending it again cannot help); Lark gives its codes with HTTP 400
+too. The retry loop itself lives with the delivery worker, which also owns the rate limit every attempt
+counts against.
 
 Nothing a sender returns or logs holds the token or the signing secret: every detail passes ``scrub``.
 """
@@ -11,6 +12,7 @@ Nothing a sender returns or logs holds the token or the signing secret: every de
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -129,7 +131,8 @@ class RobotSender:
         except urllib.error.HTTPError as e:
             status, raw = e.code, b""
             if self.target.type == "lark" and e.code == 400:  # Lark's errors (the rate limit too) come as 400
-                raw = e.read(65536)
+                with contextlib.suppress(OSError, http.client.HTTPException):  # cut off: a plain HTTP 400
+                    raw = e.read(65536)
             e.close()
         except (OSError, http.client.HTTPException) as e:  # refused, reset, timeout, dropped connection
             reason = getattr(e, "reason", None) or e
