@@ -223,12 +223,18 @@ def order(alerts: Sequence[Alert]) -> list[Alert]:
                                          a.starts_at, a.name))
 
 
+def worst_severity(alerts: Sequence[Alert]) -> str | None:
+    """The most severe severity among the firing alerts; None when none fires."""
+    firing = [a.severity for a in alerts if a.status == "firing"]
+    return min(firing, key=lambda s: SEVERITY_ORDER.get(s, 3)) if firing else None
+
+
 def title(alerts: Sequence[Alert]) -> str:
     firing = [a for a in alerts if a.status == "firing"]
     resolved = sum(map(weight, alerts)) - sum(map(weight, firing))  # a summary counts the alerts it stands for
     parts = []
     if firing:
-        top = min((a.severity for a in firing), key=lambda s: SEVERITY_ORDER.get(s, 3))
+        top = worst_severity(firing)
         parts.append(f"FIRING {sum(map(weight, firing))}" + (f" {escape(top)}" if top else ""))
     if resolved:
         parts.append(f"RESOLVED {resolved}")
@@ -432,11 +438,8 @@ def _lark(kind: str, text: str, head: str, mentions: Mentions, severity: str) ->
 
 def _headline(alerts: Sequence[Alert]) -> str:
     """The colour key of a message: its most severe firing alert, or resolved when none fires."""
-    firing = [a.severity for a in alerts if a.status == "firing"]
-    if not firing:
-        return "resolved"
-    worst = min(firing, key=lambda s: SEVERITY_ORDER.get(s, 9))
-    return worst if worst in LARK_COLORS else ""
+    worst = worst_severity(alerts)
+    return "resolved" if worst is None else worst if worst in LARK_COLORS else ""
 
 
 def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mentions,
