@@ -1,10 +1,13 @@
-"""Loopback stand-ins for the DingTalk and WeCom group robot APIs, strict where the real ones are.
+"""Loopback stand-ins for the DingTalk, WeCom and Feishu/Lark group robot APIs, strict where the real ones are.
 
 DingTalk: access_token, signature (HMAC-SHA256 of "<ts>\\n<secret>") and a timestamp within one hour
 (errcode 310000 otherwise), at most `limit` messages per `window` seconds (130101 beyond), a body of at most
 20,000 bytes (460101). WeCom: the key (93000), content of at most 4096 bytes (markdown) / 2048 (text)
 (40058), `limit` per `window` (45009). Both record what they accept and can be told to answer the next N
-requests with HTTP 500 or by dropping the connection. `window` is configurable so tests need not wait a
+requests with HTTP 500 or by dropping the connection. Lark: the token as the webhook's last path segment,
+the signature in the body (HMAC-SHA256 keyed by "<ts>\\n<secret>" over nothing, the timestamp in seconds
+within one hour: code 19021), a body of at most 20 KB (9499), `limit` per `window` (11232, with HTTP 400
+as Lark answers it); it answers {"code", "msg"}. `window` is configurable so tests need not wait a
 real minute.
 """
 
@@ -64,7 +67,7 @@ class FakeRobot:
                     else:
                         errcode, errmsg = robot.check(query, body)
                         record["errcode"] = errcode
-                        status, answer = 200, {"errcode": errcode, "errmsg": errmsg}
+                        status, answer = robot.answer(errcode, errmsg)
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -126,6 +129,9 @@ class FakeRobot:
 
     def check(self, query: dict, body: bytes) -> tuple[int, str]:
         raise NotImplementedError
+
+    def answer(self, errcode: int, errmsg: str) -> tuple[int, dict]:
+        return 200, {"errcode": errcode, "errmsg": errmsg}
 
     def errcodes(self) -> list:
         with self._lock:
@@ -193,4 +199,53 @@ class FakeWeCom(FakeRobot):
             return 40058, f"content exceed max length {limit}"
         if not self._rate_ok():
             return 45009, "api freq out of limit"
+        return self._accept(payload)
+
+
+def lark_sign(secret: str, timestamp_s: str) -> str:
+    return base64.b64encode(hmac.new(f"{timestamp_s}\n{secret}".encode(), b"", hashlib.sha256).digest()).decode()
+
+
+class FakeLark(FakeRobot):
+    HOOK = "/open-apis/bot/v2/hook"
+
+    def __init__(self, token: str, secret: str | None = None, max_body: int = 20 * 1024, **kw):
+        super().__init__(**kw)
+        self.token, self.secret, self.max_body = token, secret, max_body
+        self.path = f"{self.HOOK}/{token}"
+
+    @property
+    def hook(self) -> str:
+        """The webhook without its token, as a target's `url`."""
+        return self.url.removesuffix(f"/{self.token}")
+
+    def answer(self, errcode: int, errmsg: str) -> tuple[int, dict]:
+        return (200 if errcode in (0, 19021, 19024) else 400), {"code": errcode, "msg": errmsg, "data": {}}
+
+    def check(self, query: dict, body: bytes) -> tuple[int, str]:
+        if len(body) > self.max_body:
+            return 9499, "Bad Request"
+        try:
+            payload = json.loads(body)
+            kind = payload["msg_type"]
+            if kind == "interactive":
+                card = payload["card"]
+                text = "\n".join(e["content"] for e in card["elements"])
+                if not card["header"]["title"]["content"]:
+                    raise KeyError("title")
+            else:
+                text = payload["content"]["text"]
+            assert isinstance(text, str)
+        except (ValueError, KeyError, TypeError, AssertionError):
+            return 9499, "Bad Request"
+        if self.secret is not None:
+            ts, sign = str(payload.get("timestamp", "")), str(payload.get("sign", ""))
+            if not ts.isdigit() or abs(self.clock() - int(ts)) > 3600:
+                return 19021, "sign match fail or timestamp is not within one hour from current time"
+            if not hmac.compare_digest(sign, lark_sign(self.secret, ts)):
+                return 19021, "sign match fail or timestamp is not within one hour from current time"
+        if not self._rate_ok():
+            return 11232, "frequency limited psm"
+        payload.pop("timestamp", None)
+        payload.pop("sign", None)
         return self._accept(payload)

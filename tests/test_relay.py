@@ -34,7 +34,7 @@ from conftest import (
     wait_for,
 )
 from pydantic import SecretStr
-from robots import FakeDingTalk, FakeWeCom
+from robots import FakeDingTalk, FakeLark, FakeWeCom
 from verl_exporter.relay import app as relay_app
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import RelayConfigError, Secret, load_config, parse_config
@@ -48,6 +48,7 @@ TOKEN = "dt-access-token-5f2c9a1e"
 SECRET = "SECdt-signing-secret-77ab3c"
 WKEY = "wecom-key-0c4e1d93"
 WEBHOOK = "webhook-bearer-9e1f7d20"
+LTOKEN, LSECRET = "lark-hook-token-e2e-81c0", "lark-signing-secret-e2e-4d2f"
 SECRETS = (TOKEN, SECRET, WKEY, WEBHOOK)
 ENV = {"DT_TOKEN": TOKEN, "DT_SECRET": SECRET, "WECOM_KEY": WKEY, "RELAY_TOKEN": WEBHOOK}
 MOBILE = "13800000000"
@@ -171,7 +172,7 @@ def test_config_reports_every_problem_at_once_naming_target_and_route(tmp_path):
         "targets.dt.url: must not carry access_token",
         "targets.wc.token_file: cannot read", "targets.wc.format: Input should be 'markdown' or 'text'",
         "targets.wc.mention_all_severities.0: Input should be 'critical'", "targets.wc.secret_env: unknown key",
-        "targets.wc.template: cannot read", "targets.odd: type must be one of ['dingtalk', 'wecom', 'console']",
+        "targets.wc.template: cannot read", "targets.odd: type must be one of ['dingtalk', 'wecom', 'lark', 'console']",
         "routes.0: unknown target(s) ['ghost']", "routes.1.matchers.severity: regex does not compile",
         "routes.1.matchers.bad-label: the name 'bad-label': not a label name",
         "routes.1.continue: must be true or false",
@@ -766,7 +767,12 @@ def _up(url: str, proc) -> bool:
 def test_end_to_end_with_the_real_alertmanager(robots, start_relay, tmp_path):
     binary = require_tool("prometheus-alertmanager")
     dt, wc = robots
-    relay = start_relay(relay_doc(dt, wc))
+    lark = FakeLark(LTOKEN, LSECRET).start()
+    doc = relay_doc(dt, wc)
+    doc["targets"]["lark"] = {"type": "lark", "url": lark.hook, "token_env": "LARK_TOKEN",
+                              "secret_env": "LARK_SECRET", "mention_userids": ["ou_5d1e"]}
+    doc["routes"][0]["targets"].append("lark")
+    relay = start_relay(doc, environ={**ENV, "LARK_TOKEN": LTOKEN, "LARK_SECRET": LSECRET})
     (tmp_path / "relay-token").write_text(WEBHOOK)
     am = yaml.safe_load((REPO / "alertmanager/alertmanager.yml").read_text())
 
@@ -802,7 +808,11 @@ def test_end_to_end_with_the_real_alertmanager(robots, start_relay, tmp_path):
                                  "runbook_url": "https://example.org/runbook#verlgpuxid"},
                  "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat()}
         am_post_alerts(api, [alert])
-        wait_for(lambda: dt.messages and wc.messages, timeout=15)
+        wait_for(lambda: dt.messages and wc.messages and lark.messages, timeout=15)
+        card = lark.messages[0]["card"]  # signed, verified by the loopback robot
+        assert card["header"]["template"] == "red" and "VerlGpuXid" in card["header"]["title"]["content"]
+        assert "run e2e · rank 3 · instance node3:9477" in card["elements"][0]["content"]
+        assert card["elements"][0]["content"].endswith("<at id=ou_5d1e></at>")
         fired = dt.messages[0]
         assert "FIRING · CRITICAL · VerlGpuXid" in fired["markdown"]["text"]
         assert "GPU 3 raised XID 79 （fell off the bus）" in fired["markdown"]["text"]
@@ -815,10 +825,13 @@ def test_end_to_end_with_the_real_alertmanager(robots, start_relay, tmp_path):
         resolved = next(m for m in dt.messages if "RESOLVED" in m["markdown"]["text"])
         assert resolved["at"] == {"atMobiles": [], "isAtAll": False}  # nobody is woken for a resolution
         assert all(r.get("errcode") == 0 for r in dt.requests)
+        wait_for(lambda: len(lark.messages) == 2, timeout=15)
+        assert lark.messages[1]["card"]["header"]["template"] == "green" and lark.errcodes() == [0, 0]
         m = metrics(relay)
         assert sample(m, "verl_relay_requests_total", receiver="verl-critical", code="200") >= 2
     finally:
         proc.stop()
+        lark.stop()
 
 
 def test_payload_round_trips_through_the_spool_form():

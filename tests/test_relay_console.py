@@ -45,7 +45,7 @@ def test_console_settings_are_checked_and_robot_only_keys_refused(tmp_path):
         parse_config(console_doc(style="slack", show="html", color="sometimes", token_env="X", url="http://x/y",
                                  mention_userids=["zhangsan"], file=str(tmp_path)), environ={})
     text = str(e.value)
-    for part in ("targets.preview.style: Input should be 'dingtalk' or 'wecom'",
+    for part in ("targets.preview.style: Input should be 'dingtalk', 'wecom' or 'lark'",
                  "targets.preview.show: Input should be 'rendered' or 'body'", "targets.preview.color: Input should be",
                  "targets.preview.token_env: unknown key", "targets.preview.url: unknown key", "is a directory"):
         assert part in text, part

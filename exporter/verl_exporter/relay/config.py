@@ -36,15 +36,18 @@ from ..core.models import FileError, StrictModel, json_schema, read_yaml, valida
 from ..exposition.app import parse_listen
 from ..spec import RulesConfig
 
-ROBOT_TYPES = ("dingtalk", "wecom")
+ROBOT_TYPES = ("dingtalk", "wecom", "lark")
 # A console target sends nothing: it writes each message as its `style` robot would show it (previews, the demo).
 TARGET_TYPES = (*ROBOT_TYPES, "console")
 DEFAULT_URLS = {
     "dingtalk": "https://oapi.dingtalk.com/robot/send",
     "wecom": "https://qyapi.weixin.qq.com/cgi-bin/webhook/send",
+    # Feishu; Lark's is https://open.larksuite.com/open-apis/bot/v2/hook, the same API
+    "lark": "https://open.feishu.cn/open-apis/bot/v2/hook",
 }
 # The query parameter that carries each robot's token; it must come from a secret, never from `url`.
-TOKEN_PARAM = {"dingtalk": "access_token", "wecom": "key"}
+# (A Lark robot's token is the last segment of its webhook's path: `url` + "/" + token.)
+TOKEN_PARAM = {"dingtalk": "access_token", "wecom": "key", "lark": ""}
 MiB = 1024 * 1024
 # Where the generated rules' runbook_url annotations point: the only runbook links shown by default.
 DEFAULT_RUNBOOK_URLS = (RulesConfig.model_fields["runbook_url"].default,)
@@ -310,8 +313,9 @@ class _Robot(_TargetBase, _Token):
     @classmethod
     def _bare(cls, url: str) -> str:
         # Never print the URL: it may hold the very token we refuse to keep in a plain file.
-        if re.search(rf"[?&]({TOKEN_PARAM[cls.KIND]}|sign|timestamp)=", url):
-            raise ValueError(f"must not carry {TOKEN_PARAM[cls.KIND]}/sign/timestamp; put the token in token_env "
+        param = TOKEN_PARAM[cls.KIND] or "token"
+        if re.search(rf"[?&]({param}|sign|timestamp)=", url):
+            raise ValueError(f"must not carry {param}/sign/timestamp; put the token in token_env "
                              "or token_file (the relay adds it, and signs each request)")
         return url
 
@@ -337,16 +341,43 @@ class WeComTarget(_Robot):
                                                                             description="user ids @-mentioned")
 
 
+class LarkTarget(_Robot):
+    """A Feishu/Lark custom bot (open.feishu.cn or open.larksuite.com), signed when secret_env/secret_file is
+    given; mentions by open_id (ou_...), or everyone."""
+
+    KIND: ClassVar[str] = "lark"
+    type: Literal["lark"]
+    url: HttpUrl = Field(DEFAULT_URLS["lark"], description="the webhook without its token: .../open-apis/bot/v2/hook")
+    secret_env: EnvSecret | None = Field(None, description="the environment variable holding the signing secret")
+    secret_file: FileSecret | None = Field(None, description="the file holding the signing secret")
+    mention_userids: Annotated[list[UserId], AfterValidator(tuple)] = Field(
+        default_factory=tuple, description="open_ids (ou_...) @-mentioned")
+
+    @model_validator(mode="after")
+    def _no_mobiles(self):
+        if self.mention_mobiles:
+            raise ValueError("a Lark custom bot cannot mention by mobile; use mention_userids (open_ids)")
+        return self
+
+    @field_validator("url")
+    @classmethod
+    def _no_token(cls, url: HttpUrl) -> HttpUrl:
+        if not str(url).rstrip("/").endswith("/hook"):
+            raise ValueError("must end in /hook: the token (the last segment of the webhook) goes in token_env "
+                             "or token_file")
+        return url
+
+
 class ConsoleTarget(_TargetBase):
     """Sends nothing: writes each message as its `style` robot would get it."""
 
     type: Literal["console"]
-    style: Literal["dingtalk", "wecom"] = Field("dingtalk", description="the robot whose format to show")
+    style: Literal["dingtalk", "wecom", "lark"] = Field("dingtalk", description="the robot whose format to show")
     show: Literal["rendered", "body"] = Field("rendered", description="as the chat shows it, or the JSON body")
     color: Literal["auto", "always", "never"] = "auto"
     file: Annotated[PathText, AfterValidator(_console_file)] | None = Field(None, description="default: stdout")
     mention_userids: Annotated[list[UserId], AfterValidator(tuple)] = Field(
-        default_factory=tuple, description="user ids @-mentioned (style wecom)")
+        default_factory=tuple, description="user ids @-mentioned (style wecom; open_ids for style lark)")
     url: ClassVar[str] = ""  # it sends nothing: no endpoint, no secrets
     secret: ClassVar[None] = None
 
@@ -361,7 +392,7 @@ class ConsoleTarget(_TargetBase):
         return self
 
 
-Target = Annotated[DingTalkTarget | WeComTarget | ConsoleTarget, Field(discriminator="type")]
+Target = Annotated[DingTalkTarget | WeComTarget | LarkTarget | ConsoleTarget, Field(discriminator="type")]
 
 
 class Route(StrictModel):

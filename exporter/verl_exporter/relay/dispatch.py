@@ -58,12 +58,19 @@ class Queued:
     jid: int | None = None  # its id in the journal, None without one
 
 
+# Robots that also count per second: a Lark bot takes at most 5 messages a second (and 100 a minute)
+# (https://open.feishu.cn/document/client-docs/bot-v3/add-custom-bot, "Usage limits").
+ROBOT_BURSTS = {"lark": (5, 1.0)}
+
+
 class RateLimiter:
     """At most `limit` events in any `window` seconds (a sliding log: a token bucket refilled at limit/window
     with a full bucket would allow a burst that a robot's per-minute count rejects)."""
 
-    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic,
+                 burst: tuple[int, float] | None = None):
         self.limit, self.window, self.clock = limit, window, clock
+        self.burst = burst  # (n, seconds): also at most n events in any such shorter window
         self._events: deque[float] = deque()
 
     def delay(self) -> float:
@@ -71,9 +78,10 @@ class RateLimiter:
         now = self.clock()
         while self._events and self._events[0] <= now - self.window:
             self._events.popleft()
-        if len(self._events) < self.limit:
-            return 0.0
-        return self._events[0] + self.window - now
+        wait = self._events[0] + self.window - now if len(self._events) >= self.limit else 0.0
+        if self.burst is not None and len(self._events) >= self.burst[0]:
+            wait = max(wait, self._events[-self.burst[0]] + self.burst[1] - now)
+        return max(wait, 0.0)
 
     def record(self) -> None:
         self._events.append(self.clock())
@@ -97,7 +105,8 @@ class TargetWorker:
         self.metrics = metrics
         self.delivery = config.delivery
         self.tz = zone(config.timezone)
-        self.limiter = RateLimiter(target.rate_per_minute, self.delivery.rate_window_seconds)
+        self.limiter = RateLimiter(target.rate_per_minute, self.delivery.rate_window_seconds,
+                                   burst=ROBOT_BURSTS.get(target.robot))
         self._pending: deque[Queued] = deque()
         self._by_key: dict[str, Queued] = {}
         self._inflight: list[Queued] = []

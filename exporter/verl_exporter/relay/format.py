@@ -1,4 +1,4 @@
-"""Pure formatting: alerts → robot messages (DingTalk markdown/text, WeCom markdown/text).
+"""Pure formatting: alerts → robot messages (DingTalk markdown/text, WeCom markdown/text, Lark card/text).
 
 Many alerts become one message: firing first (most severe first), then resolved. Every value that comes from
 an alert (labels, annotations) is escaped so that an alert cannot inject markdown, links or @mentions; only
@@ -32,6 +32,10 @@ from .summary import weight
 # Byte limits of the robot APIs: DingTalk counts the whole JSON body, WeCom the content string.
 DINGTALK_MAX_BODY = 20000
 WECOM_MAX_CONTENT = {"markdown": 4096, "text": 2048}
+# Lark: a request body of at most 20 KB, 100 messages a minute and 5 a second per bot
+# (https://open.feishu.cn/document/client-docs/bot-v3/add-custom-bot, "Usage limits"). 20,000 leaves the
+# signature the sender adds (timestamp and sign, under 100 bytes) room inside 20 KB = 20,480.
+LARK_MAX_BODY = 20000
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 DINGTALK_COLORS = {"critical": "#D93025", "warning": "#E37400", "info": "#1A73E8", "resolved": "#188038",
@@ -39,6 +43,8 @@ DINGTALK_COLORS = {"critical": "#D93025", "warning": "#E37400", "info": "#1A73E8
 # WeCom markdown knows three colours: warning (orange-red), info (green), comment (grey).
 WECOM_COLORS = {"critical": "warning", "warning": "warning", "info": "comment", "resolved": "info",
                 "": "comment"}
+# Lark card markdown takes colour names in <font color>; the card header's `template` takes the same names.
+LARK_COLORS = {"critical": "red", "warning": "orange", "info": "blue", "resolved": "green", "": "grey"}
 
 # Characters that start markdown constructs (links, emphasis, headings, quotes, code, tables, HTML tags such
 # as WeCom's <@userid> mention) are replaced by look-alikes that render as themselves.
@@ -188,7 +194,7 @@ def _when(t: datetime | None, tz: tzinfo) -> str:
 def view(alert: Alert, target_type: str, tz: tzinfo, description_chars: int = DESCRIPTION_CHARS,
          summary_chars: int = SUMMARY_CHARS, value_chars: int = VALUE_CHARS,
          runbooks: Sequence[str] = ()) -> AlertView:
-    colors = WECOM_COLORS if target_type == "wecom" else DINGTALK_COLORS
+    colors = {"wecom": WECOM_COLORS, "lark": LARK_COLORS}.get(target_type, DINGTALK_COLORS)
     color = colors["resolved"] if alert.status == "resolved" else colors.get(alert.severity, colors[""])
     where = " · ".join(f"{k} {clip(escape(alert.labels[k]), value_chars)}" for k in WHERE_LABELS
                        if alert.labels.get(k))
@@ -217,12 +223,18 @@ def order(alerts: Sequence[Alert]) -> list[Alert]:
                                          a.starts_at, a.name))
 
 
+def worst_severity(alerts: Sequence[Alert]) -> str | None:
+    """The most severe severity among the firing alerts; None when none fires."""
+    firing = [a.severity for a in alerts if a.status == "firing"]
+    return min(firing, key=lambda s: SEVERITY_ORDER.get(s, 3)) if firing else None
+
+
 def title(alerts: Sequence[Alert]) -> str:
     firing = [a for a in alerts if a.status == "firing"]
     resolved = sum(map(weight, alerts)) - sum(map(weight, firing))  # a summary counts the alerts it stands for
     parts = []
     if firing:
-        top = min((a.severity for a in firing), key=lambda s: SEVERITY_ORDER.get(s, 3))
+        top = worst_severity(firing)
         parts.append(f"FIRING {sum(map(weight, firing))}" + (f" {escape(top)}" if top else ""))
     if resolved:
         parts.append(f"RESOLVED {resolved}")
@@ -380,8 +392,17 @@ class Message:
 
     @property
     def text(self) -> str:
-        inner = self.payload[self.payload["msgtype"]]
-        return inner.get("text", inner.get("content", ""))
+        return message_text(self.payload)
+
+
+def message_text(payload: dict) -> str:
+    """The text a robot payload shows (a Lark card's markdown element)."""
+    if "msg_type" in payload:  # Lark
+        if payload["msg_type"] == "interactive":
+            return "\n".join(e.get("content", "") for e in payload["card"]["elements"])
+        return payload["content"]["text"]
+    inner = payload[payload["msgtype"]]
+    return inner.get("text", inner.get("content", ""))
 
 
 def kind_for(target: Target, mentions: Mentions) -> str:
@@ -401,7 +422,30 @@ def _plain_lines(text: str) -> str:
     return re.sub(r"\n\s*\n+", "\n\n", text.strip())
 
 
-def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mentions) -> dict:
+def _lark(kind: str, text: str, head: str, mentions: Mentions, severity: str) -> dict:
+    if kind == "markdown":  # an interactive card: the title in a header coloured by severity, then the listing
+        text = _plain_lines(text.removeprefix(f"#### {head}"))
+        ring = " ".join([f"<at id={u}></at>" for u in mentions.userids] + (["<at id=all></at>"] if mentions.all
+                                                                           else []))
+        return {"msg_type": "interactive", "card": {
+            "config": {"wide_screen_mode": True},
+            "header": {"title": {"tag": "plain_text", "content": head}, "template": LARK_COLORS[severity]},
+            "elements": [{"tag": "markdown", "content": text + (f"\n{ring}" if ring else "")}]}}
+    ring = " ".join([f'<at user_id="{u}"></at>' for u in mentions.userids]
+                    + (['<at user_id="all"></at>'] if mentions.all else []))
+    return {"msg_type": "text", "content": {"text": _plain_lines(text) + (f"\n{ring}" if ring else "")}}
+
+
+def _headline(alerts: Sequence[Alert]) -> str:
+    """The colour key of a message: its most severe firing alert, or resolved when none fires."""
+    worst = worst_severity(alerts)
+    return "resolved" if worst is None else worst if worst in LARK_COLORS else ""
+
+
+def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mentions,
+              severity: str = "") -> dict:
+    if target.type == "lark":
+        return _lark(kind, text, head, mentions, severity)
     if target.type == "dingtalk":
         at = {"atMobiles": list(mentions.mobiles), "isAtAll": mentions.all}
         ring = " ".join(f"@{m}" for m in mentions.mobiles)
@@ -429,6 +473,8 @@ def encode(payload: dict) -> bytes:
 def fits(target_type: str, kind: str, payload: dict, body: bytes, limits: dict | None = None) -> bool:
     if target_type == "dingtalk":
         return len(body) <= (limits or {}).get("dingtalk", DINGTALK_MAX_BODY)
+    if target_type == "lark":
+        return len(body) <= (limits or {}).get("lark", LARK_MAX_BODY)
     content = payload[payload["msgtype"]]["content"]
     return len(content.encode("utf-8")) <= (limits or {}).get(f"wecom_{kind}", WECOM_MAX_CONTENT[kind])
 
@@ -452,7 +498,7 @@ def render_message(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = 
     text = _compile(source).render(**ctx)
     if max_text_bytes is not None and len(text.encode("utf-8")) > max_text_bytes:
         text = cut_utf8(text, max_text_bytes - 3) + "…"
-    payload = _assemble(target, kind, text, ctx["title"], mentions)
+    payload = _assemble(target, kind, text, ctx["title"], mentions, _headline(alerts))
     return Message(target.type, kind, payload, encode(payload), alerts=len(alerts))
 
 

@@ -2,8 +2,9 @@
 
 A sender makes exactly one HTTP request per ``send`` and classifies the answer: delivered, worth retrying
 (network errors, HTTP 5xx/429, the robots' "too fast" and "busy" codes), or not (a bad signature or keyword,
-a body over the limit, an unknown token: sending it again cannot help). The retry loop itself lives with
-the delivery worker, which also owns the rate limit every attempt counts against.
+a body over the limit, an unknown token: sending it again cannot help); Lark gives its codes with HTTP 400
+too. The retry loop itself lives with the delivery worker, which also owns the rate limit every attempt
+counts against.
 
 Nothing a sender returns or logs holds the token or the signing secret: every detail passes ``scrub``.
 """
@@ -11,6 +12,7 @@ Nothing a sender returns or logs holds the token or the signing secret: every de
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -34,6 +36,7 @@ RETRYABLE_ERRCODES = {
     "dingtalk": {130101: "sent too fast (over 20 messages a minute)", -1: "system busy"},
     "wecom": {45009: "rate limit (over 20 messages a minute)", 45033: "too many concurrent calls",
               -1: "system busy"},
+    "lark": {11232: "frequency limited (over 100 messages a minute or 5 a second)"},
 }
 # errcodes that only a change of config or of the message can fix; named in the log.
 KNOWN_ERRCODES = {
@@ -42,8 +45,12 @@ KNOWN_ERRCODES = {
                  400013: "robot disabled", 410100: "robot sent too fast too long: blocked"},
     "wecom": {40058: "content too long", 93000: "invalid webhook key", 40008: "invalid message type",
               40035: "invalid parameter"},
+    # Lark answers {"code": ..., "msg": ...}, with HTTP 200 or 400 (custom bot guide, "Common errors")
+    "lark": {19021: "signature invalid, or the timestamp over an hour from the robot's clock",
+             19022: "IP not allowed", 19024: "keyword not in the message", 9499: "bad request (body over 20 KB or "
+             "malformed)", 19001: "invalid webhook token"},
 }
-RATE_LIMIT_ERRCODES = {"dingtalk": {130101}, "wecom": {45009}}
+RATE_LIMIT_ERRCODES = {"dingtalk": {130101}, "wecom": {45009}, "lark": {11232}}
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
@@ -60,6 +67,19 @@ def dingtalk_sign(secret: str, timestamp_ms: int) -> str:
     """base64(HMAC-SHA256(key=secret, msg="<ts>\\n<secret>")), before URL encoding."""
     digest = hmac.new(secret.encode("utf-8"), f"{timestamp_ms}\n{secret}".encode(), hashlib.sha256).digest()
     return base64.b64encode(digest).decode("ascii")
+
+
+def lark_sign(secret: str, timestamp_s: int) -> str:
+    """base64(HMAC-SHA256(key="<ts>\\n<secret>", msg=b"")): Lark keys the HMAC with the string and signs
+    nothing (https://open.feishu.cn/document/client-docs/bot-v3/add-custom-bot, "Signature verification")."""
+    digest = hmac.new(f"{timestamp_s}\n{secret}".encode(), b"", hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def lark_signed(body: bytes, secret: str, timestamp_s: int) -> bytes:
+    """The body with the timestamp (seconds) and signature Lark expects beside msg_type."""
+    doc = {"timestamp": str(timestamp_s), "sign": lark_sign(secret, timestamp_s), **json.loads(body)}
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -80,7 +100,7 @@ class Sender(Protocol):
 
 
 class RobotSender:
-    """One HTTP POST per call to a DingTalk or WeCom robot; never raises for network or HTTP errors."""
+    """One HTTP POST per call to a DingTalk, WeCom or Lark robot; never raises for network or HTTP errors."""
 
     def __init__(self, target: Target, timeout: float = 10.0, clock: Callable[[], float] = time.time):
         self.target = target
@@ -90,6 +110,8 @@ class RobotSender:
 
     def url(self) -> str:
         """The request URL: the token, and for a signed DingTalk robot a fresh timestamp and signature."""
+        if self.target.type == "lark":  # the token is the webhook's last path segment
+            return f"{self.target.url.rstrip('/')}/{quote(self.target.token.get_secret_value(), safe='')}"
         params = {TOKEN_PARAM[self.target.type]: self.target.token.get_secret_value()}
         if self.target.type == "dingtalk" and self.target.secret is not None:
             ts = int(self.clock() * 1000)
@@ -99,6 +121,8 @@ class RobotSender:
         return f"{self.target.url}{sep}{urlencode(params)}"
 
     def send(self, body: bytes) -> SendResult:
+        if self.target.type == "lark" and self.target.secret is not None:  # Lark signs in the body
+            body = lark_signed(body, self.target.secret.get_secret_value(), int(self.clock()))
         request = urllib.request.Request(self.url(), data=body, method="POST",
                                          headers={"Content-Type": "application/json; charset=utf-8"})
         try:
@@ -106,12 +130,19 @@ class RobotSender:
                 status, raw = resp.status, resp.read(65536)
         except urllib.error.HTTPError as e:
             status, raw = e.code, b""
+            if self.target.type == "lark" and e.code == 400:  # Lark's errors (the rate limit too) come as 400
+                with contextlib.suppress(OSError, http.client.HTTPException):  # cut off: a plain HTTP 400
+                    raw = e.read(65536)
             e.close()
         except (OSError, http.client.HTTPException) as e:  # refused, reset, timeout, dropped connection
             reason = getattr(e, "reason", None) or e
             return SendResult(False, True, "network", self._scrub(f"network error: {type(e).__name__}: {reason}"))
         if status >= 500 or status == 429:
             return SendResult(False, True, f"http_{status}", f"HTTP {status} from the robot")
+        if status == 400 and raw:
+            result = self._classify(raw)
+            if result.errcode != "bad_response":
+                return result
         if status >= 400:
             return SendResult(False, False, f"http_{status}", f"HTTP {status} from the robot")
         if status >= 300:  # the URL is wrong (or hijacked): never follow, never count as delivered
@@ -121,8 +152,12 @@ class RobotSender:
     def _classify(self, raw: bytes) -> SendResult:
         try:
             doc = json.loads(raw)
-            errcode = int(doc.get("errcode", -999))
-            errmsg = str(doc.get("errmsg", ""))[:200]
+            if self.target.type == "lark":  # {"code", "msg"}; older deployments answer {"StatusCode", ...}
+                errcode = int(doc.get("code", doc.get("StatusCode", -999)))
+                errmsg = str(doc.get("msg", doc.get("StatusMessage", "")))[:200]
+            else:
+                errcode = int(doc.get("errcode", -999))
+                errmsg = str(doc.get("errmsg", ""))[:200]
         except (ValueError, TypeError, AttributeError):
             return SendResult(False, True, "bad_response", "the robot's answer is not JSON with an errcode")
         if errcode == 0:

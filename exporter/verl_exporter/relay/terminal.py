@@ -14,16 +14,18 @@ import re
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BOLD, UNDERLINE, RESET = "1", "4", "0"
 # Terminal colours for the robots' colours: DingTalk takes any #rrggbb, WeCom three names.
-NAMED = {"warning": "31", "info": "32", "comment": "90"}
+NAMED = {"warning": "31", "info": "32", "comment": "90",  # WeCom
+         "red": "31", "orange": "33", "blue": "34", "green": "32", "grey": "90"}  # Lark
 BASIC = {"31": (0xD9, 0x30, 0x25), "33": (0xE3, 0x74, 0x00), "32": (0x18, 0x80, 0x38), "34": (0x1A, 0x73, 0xE8),
          "90": (0x5F, 0x63, 0x68), "35": (0xA1, 0x42, 0xF4), "36": (0x12, 0xB5, 0xCB)}
-ROBOT_NAMES = {"dingtalk": "DingTalk", "wecom": "WeCom"}
+ROBOT_NAMES = {"dingtalk": "DingTalk", "wecom": "WeCom", "lark": "Lark"}
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*)$")
 _FONT = re.compile(r"<font\s+color\s*=\s*[\"']?([#\w]+)[\"']?\s*>(.*?)</font>", re.S | re.I)
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
 _LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]*)\)")
 _WECOM_MENTION = re.compile(r"<@([^>\s]+)>")
+_LARK_MENTION = re.compile(r"<at (?:id|user_id)=\"?([^>\s\"]+)\"?></at>")
 
 
 def color_code(color: str) -> str | None:
@@ -118,6 +120,8 @@ def markdown_lines(text: str, style: _Style, robot: str) -> list[str]:
 def message_lines(payload: dict, robot: str, color: bool = False) -> tuple[str, list[str]]:
     """(a one-line description of the message, the lines a chat shows) for a robot payload."""
     style = _Style(color)
+    if "msg_type" in payload:
+        return _lark_lines(payload, style)
     kind = payload.get("msgtype", "")
     inner = payload.get(kind) or {}
     name = ROBOT_NAMES.get(robot, robot)
@@ -136,6 +140,22 @@ def message_lines(payload: dict, robot: str, color: bool = False) -> tuple[str, 
     if at.get("isAtAll"):
         rings.append("@all")
     rings += [f"@{m}" for m in at.get("atMobiles", []) if f"@{m}" not in " ".join(lines)]
+    if rings:
+        lines.append(style("rings " + " ".join(rings), BOLD))
+    return head, lines
+
+
+def _lark_lines(payload: dict, style: _Style) -> tuple[str, list[str]]:
+    from .format import message_text
+
+    rings = ["@" + m for m in _LARK_MENTION.findall(message_text(payload))]
+    text = _LARK_MENTION.sub("", message_text(payload))
+    if payload["msg_type"] == "interactive":
+        header = payload["card"]["header"]
+        head = f"Lark robot · card ({header['template']}) · {header['title']['content']}"
+        lines = markdown_lines(text, style, "lark")
+    else:
+        head, lines = "Lark robot · text", [ln.rstrip() for ln in text.strip().splitlines()]
     if rings:
         lines.append(style("rings " + " ".join(rings), BOLD))
     return head, lines
