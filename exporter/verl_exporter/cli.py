@@ -13,85 +13,16 @@ from .core.shutdown import GRACE_S, exit_on_signal, stop_event
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="YAML file with any of the settings below (flags win)")
-    p.add_argument("--listen", metavar="HOST:PORT",
-                   help="address to serve on (default 0.0.0.0:9477 + local rank; :PORT = all interfaces)")
-    p.add_argument("--rank", type=int, help="global rank (default $RANK); exported as label rank")
-    p.add_argument("--local-rank", type=int, help="rank on this node (default $LOCAL_RANK)")
-    p.add_argument("--run", help="run / experiment name; exported as label run")
-    p.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE",
-                   help="extra constant label on every series (repeatable)")
-    p.add_argument("--verl-log", metavar="PATH",
-                   help="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH of the trainer)")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="verl's trainer.default_local_dir (checkpoints)")
-    p.add_argument("--spec", metavar="PATH", help="use this metric spec (a file or a directory), not the packaged one")
-    _overrides_flag(p)
-    p.add_argument("--max-unmapped", type=int, help="cap on verl_unmapped_* series (default 100)")
-    p.add_argument("--poll-interval", type=float, help="seconds between file polls (default 0.1)")
-    p.add_argument("--recover-bytes", type=int, help="bytes of the log's tail read at start (default 8 MiB)")
-    p.add_argument("--max-line-bytes", type=int, help="longest line accepted (default 4 MiB)")
-    g = p.add_argument_group("resource collectors")
-    g.add_argument("--interval", type=float, help="seconds between collector samples (default 2)")
-    g.add_argument("--slow-interval", type=float,
-                   help="seconds between costly reads: energy, checkpoint size and hashes (default 30)")
-    g.add_argument("--gpus", help="GPUs of this rank: auto (CUDA_VISIBLE_DEVICES + local rank), all, or "
-                                  "a comma-separated list of NVML indices / GPU UUIDs (default auto)")
-    g.add_argument("--gpu-pcie-throughput", action="store_true", default=None,
-                   help="also read PCIe throughput (about 20 ms per GPU per read, on the slow cadence)")
-    g.add_argument("--trainer-pid", type=int,
-                   help="the trainer's pid: its process tree is role=trainer on the GPU, and its RSS is exported")
-    g.add_argument("--watch-path", dest="watch_paths", action="append", metavar="PATH",
-                   help="also export size/free of the filesystem holding PATH (repeatable)")
-    g.add_argument("--checkpoint-grace", type=float,
-                   help="seconds an unfinished global_step_N/ may exist before it counts as incomplete (900)")
-    g.add_argument("--checkpoint-verify", action="store_true", default=None,
-                   help="check kept checkpoints (newest 32) against their SHA-256 manifests on the slow cadence")
-    g.add_argument("--procfs", help="where /proc is mounted (default /proc)")
-    d = p.add_argument_group("discovery and liveness")
-    d.add_argument("--file-sd", metavar="DIR",
-                   help="register this sidecar for Prometheus file_sd: writes DIR/verl-<host>-<port>.json "
-                        "(atomic, refreshed every minute, removed on a clean exit)")
-    d.add_argument("--advertise", metavar="HOST", help="host name Prometheus should scrape (default: this host's FQDN)")
-    d.add_argument("--hang-factor", type=float,
-                   help="make /healthz fail when no step came for this many times the recent step time "
-                        "(default 0 = off; /healthz/sidecar never checks the trainer)")
-    d.add_argument("--hang-min-seconds", type=float,
-                   help="never call the trainer hung before this many seconds without a step (default 600)")
-    c = p.add_argument_group("automated response (off by default)")
-    c.add_argument("--control-token-env", metavar="NAME",
-                   help="enable POST /control/checkpoint and /control/stop, with the bearer token in $NAME")
-    c.add_argument("--control-token-file", metavar="PATH", help="same, with the token read from a file")
-    c.add_argument("--control-file", metavar="PATH",
-                   help="where requests are recorded for the trainer (default <checkpoint-dir>/"
-                        ".verl-exporter-control.json)")
-    c.add_argument("--control-file-mode", metavar="OCTAL",
-                   help="permissions of the control file (default 0644, so that a trainer running as another "
-                        "user can read it; it holds requests, never the token)")
-    f = p.add_argument_group("hang forensics (off by default: a stack capture attaches to the trainer)")
-    f.add_argument("--forensics-dir", metavar="DIR",
-                   help="capture the trainer's Python stacks (py-spy) into DIR when the spec's stall alerts hold, "
-                        "or on POST /control/forensics (files 0600, folder 0700)")
-    f.add_argument("--forensics-py-spy", metavar="PATH", help="the py-spy binary (default py-spy on PATH)")
-    f.add_argument("--forensics-native", action=argparse.BooleanOptionalAction, default=None,
-                   help="native frames too (py-spy --native; default on, retried without where it fails)")
-    f.add_argument("--forensics-max-files", type=int, help="captures kept (default 20; the oldest removed)")
-    f.add_argument("--forensics-max-bytes", type=int, help="bytes of captures kept (default 64 MiB)")
-    f.add_argument("--forensics-flight-recorder", metavar="PREFIX",
-                   help="path prefix of the ranks' NCCL Flight Recorder JSON dumps (PREFIX<rank>): a capture names "
-                        "the rank and collective where the ranks diverge")
-    f.add_argument("--forensics-timeout", type=float, help="seconds py-spy may take per process (default 20)")
-    from .sidecar.collectors import REGISTRY
+    from .sidecar.config import add_flags
 
-    for name, cls in sorted(REGISTRY.items()):
-        g.add_argument(f"--collector.{name}", dest=f"collector__{name}", action=argparse.BooleanOptionalAction,
-                       default=None, help=f"{cls.description} (default {'on' if cls.default_enabled else 'off'})")
+    p.add_argument("--config", metavar="FILE", help="YAML file with any of the settings below (flags win)")
+    add_flags(p)  # one flag per setting of ServeConfig, declared there
 
 
 def _overrides_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--overrides", metavar="FILE",
-                   help="an overrides file: thresholds, for, severity, routing, ... (`verl-exporter schema "
-                        "overrides`); default $VERL_EXPORTER_OVERRIDES, else ./verl-exporter.yaml when it exists; "
-                        "'' for none")
+    from .sidecar.config import ServeConfig
+
+    p.add_argument("--overrides", metavar="FILE", help=ServeConfig.model_fields["overrides"].description)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import types
+import typing
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
@@ -61,21 +63,37 @@ Count = Annotated[int, Field(ge=0)]
 LabelName = Annotated[str, Field(pattern=LABEL_NAME_RE.pattern)]
 
 
+# The flag groups of `verl-exporter serve --help`; a field names its group with "x-group" (the rest: general).
+COLLECT = "resource collectors"
+LIVENESS = "discovery and liveness"
+CONTROL = "automated response (off by default)"
+FORENSICS = "hang forensics (off by default: a stack capture attaches to the trainer)"
+
+
 class ServeConfig(StrictModel):
     """verl-exporter serve: what one rank's sidecar reads and serves."""
 
     listen: str = Field(f"0.0.0.0:{DEFAULT_PORT}", description=f"HOST:PORT to serve on, :PORT for all interfaces "
-                                                               f"(default 0.0.0.0:{DEFAULT_PORT} + local rank)")
-    rank: Count | None = Field(None, description="global rank (default $RANK); exported as label rank")
-    local_rank: Count | None = Field(None, description="rank on this node (default $LOCAL_RANK)")
-    run: Name | None = Field(None, description="run / experiment name; exported as label run")
+                                                               f"(default 0.0.0.0:{DEFAULT_PORT} + local rank)",
+        json_schema_extra={"x-metavar": "HOST:PORT"})
+    rank: Count | None = Field(None, description="global rank (default $RANK); exported as label rank",
+        json_schema_extra={"x-metavar": "N"})
+    local_rank: Count | None = Field(None, description="rank on this node (default $LOCAL_RANK)",
+        json_schema_extra={"x-metavar": "N"})
+    run: Name | None = Field(None, description="run / experiment name; exported as label run",
+        json_schema_extra={"x-metavar": "NAME"})
     labels: Annotated[dict[LabelName, Name], BeforeValidator(_label_pairs)] = Field(
-        default_factory=dict, description="extra constant labels on every series")
-    verl_log: str | None = Field(None, description="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH)")
-    checkpoint_dir: str | None = Field(None, description="verl's trainer.default_local_dir (checkpoints)")
-    spec: str | None = Field(None, description="a metric spec (file or directory) to use, not the packaged one")
+        default_factory=dict, description="extra constant labels on every series",
+        json_schema_extra={"x-metavar": "KEY=VALUE", "x-flag": "--label"})
+    verl_log: str | None = Field(None, description="verl file-logger JSONL to follow ($VERL_FILE_LOGGER_PATH)",
+        json_schema_extra={"x-metavar": "PATH"})
+    checkpoint_dir: str | None = Field(None, description="verl's trainer.default_local_dir (checkpoints)",
+        json_schema_extra={"x-metavar": "DIR"})
+    spec: str | None = Field(None, description="a metric spec (file or directory) to use, not the packaged one",
+        json_schema_extra={"x-metavar": "PATH"})
     overrides: str | None = Field(None, description="an overrides file (default $VERL_EXPORTER_OVERRIDES, then "
-                                                    "./verl-exporter.yaml when it exists); '' for none")
+                                                    "./verl-exporter.yaml when it exists); '' for none",
+        json_schema_extra={"x-metavar": "FILE"})
     max_unmapped: Count = Field(DEFAULT_MAX_UNMAPPED, description="cap on verl_unmapped_* series")
     poll_interval: float = Field(DEFAULT_POLL_S, ge=0.01, le=10, description="seconds between polls of the log")
     recover_bytes: Count = Field(DEFAULT_RECOVER_BYTES, description="bytes of the log's tail read at start")
@@ -83,47 +101,71 @@ class ServeConfig(StrictModel):
                                 description="longest log line accepted")
     collectors: dict[str, bool] = Field(default_factory=dict,
                                         description="collector name -> on/off; unset: the collector's default")
-    interval: float = Field(DEFAULT_INTERVAL_S, ge=0.1, le=300, description="seconds between collector samples")
+    interval: float = Field(DEFAULT_INTERVAL_S, ge=0.1, le=300, description="seconds between collector samples",
+        json_schema_extra={"x-group": COLLECT})
     slow_interval: float = Field(DEFAULT_SLOW_INTERVAL_S, ge=1, le=3600,
-                                 description="seconds between costly reads: energy, checkpoint size and hashes")
-    procfs: str = Field("/proc", description="where /proc is mounted")
+                                 description="seconds between costly reads: energy, checkpoint size and hashes",
+        json_schema_extra={"x-group": COLLECT})
+    procfs: str = Field("/proc", description="where /proc is mounted",
+        json_schema_extra={"x-metavar": "DIR", "x-group": COLLECT})
     gpus: str = Field("auto", pattern=r"^(auto|all|[\w:.-]+(,[\w:.-]+)*)$",
                       description="GPUs of this rank: auto (CUDA_VISIBLE_DEVICES + local rank), all, or a "
-                                  "comma-separated list of NVML indices / GPU UUIDs")
-    trainer_pid: Count | None = Field(None, description="the trainer's pid: its process tree is role=trainer")
+                                  "comma-separated list of NVML indices / GPU UUIDs",
+        json_schema_extra={"x-metavar": "auto|all|LIST", "x-group": COLLECT})
+    trainer_pid: Count | None = Field(None, description="the trainer's pid: its process tree is role=trainer",
+        json_schema_extra={"x-metavar": "PID", "x-group": COLLECT})
     watch_paths: Annotated[tuple[str, ...], BeforeValidator(_tuple)] = \
-        Field((), description="also export size/free of the filesystems holding these paths")
-    gpu_pcie_throughput: bool = Field(False, description="also read PCIe throughput (about 20 ms per GPU per read)")
+        Field((), description="also export size/free of the filesystems holding these paths",
+        json_schema_extra={"x-group": COLLECT, "x-metavar": "PATH", "x-flag": "--watch-path"})
+    gpu_pcie_throughput: bool = Field(False, description="also read PCIe throughput (about 20 ms per GPU per read)",
+        json_schema_extra={"x-group": COLLECT})
     checkpoint_grace: float = Field(900.0, ge=0, le=86400, description="seconds an unfinished global_step_N/ may "
-                                                                       "exist before it counts as incomplete")
-    checkpoint_verify: bool = Field(False, description="check kept checkpoints against their SHA-256 manifests")
-    file_sd: str | None = Field(None, description="folder to register this sidecar in for Prometheus file_sd")
-    advertise: str | None = Field(None, description="host name Prometheus should scrape (default this host's FQDN)")
+                                                                       "exist before it counts as incomplete",
+        json_schema_extra={"x-group": COLLECT})
+    checkpoint_verify: bool = Field(False, description="check kept checkpoints against their SHA-256 manifests",
+        json_schema_extra={"x-group": COLLECT})
+    file_sd: str | None = Field(None, description="folder to register this sidecar in for Prometheus file_sd",
+        json_schema_extra={"x-group": LIVENESS, "x-metavar": "DIR"})
+    advertise: str | None = Field(None, description="host name Prometheus should scrape (default this host's FQDN)",
+        json_schema_extra={"x-group": LIVENESS, "x-metavar": "HOST"})
     hang_factor: float = Field(0.0, ge=0, le=1000, description="/healthz fails when no step came for this many "
-                                                               "times the recent step time; 0 = off")
+                                                               "times the recent step time; 0 = off",
+        json_schema_extra={"x-metavar": "K", "x-group": LIVENESS})
     hang_min_seconds: float = Field(600.0, ge=0, le=86400 * 7,
-                                    description="never call the trainer hung before this many seconds")
+                                    description="never call the trainer hung before this many seconds",
+        json_schema_extra={"x-group": LIVENESS})
     control_token_env: str | None = Field(None, description="enable the control endpoint, with the bearer token "
-                                                            "in this environment variable")
-    control_token_file: str | None = Field(None, description="same, with the token read from this file")
+                                                            "in this environment variable",
+        json_schema_extra={"x-group": CONTROL, "x-metavar": "NAME"})
+    control_token_file: str | None = Field(None, description="same, with the token read from this file",
+        json_schema_extra={"x-group": CONTROL, "x-metavar": "PATH"})
     control_file: str | None = Field(None, description="where requests are recorded for the trainer (default "
-                                                       "<checkpoint_dir>/.verl-exporter-control.json)")
+                                                       "<checkpoint_dir>/.verl-exporter-control.json)",
+        json_schema_extra={"x-group": CONTROL, "x-metavar": "PATH"})
     control_file_mode: Annotated[str, BeforeValidator(_octal, json_schema_input_type=str | int)] = Field(
-        "0644", description="octal permissions of the control file; 0644 lets a trainer under another uid read it")
+        "0644", description="octal permissions of the control file; 0644 lets a trainer under another uid read it",
+        json_schema_extra={"x-group": CONTROL, "x-metavar": "OCTAL"})
 
     forensics_dir: str | None = Field(None, description="capture the trainer's stacks (py-spy) into this folder "
-                                                        "when the run stalls or the relay asks; off when unset")
-    forensics_py_spy: str = Field("py-spy", description="the py-spy binary (a name on PATH or a path)")
+                                                        "when the run stalls or the relay asks; off when unset",
+        json_schema_extra={"x-group": FORENSICS, "x-metavar": "DIR"})
+    forensics_py_spy: str = Field("py-spy", description="the py-spy binary (a name on PATH or a path)",
+        json_schema_extra={"x-group": FORENSICS, "x-metavar": "PATH"})
     forensics_native: bool = Field(True, description="ask py-spy for native frames too (--native), without "
-                                                     "them where that fails")
+                                                     "them where that fails",
+        json_schema_extra={"x-group": FORENSICS})
     forensics_max_files: int = Field(DEFAULT_MAX_FILES, ge=1, le=10000,
-                                     description="captures kept in the folder (the oldest removed)")
+                                     description="captures kept in the folder (the oldest removed)",
+        json_schema_extra={"x-group": FORENSICS})
     forensics_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1024 * 1024,
-                                     description="bytes of captures kept in the folder (the oldest removed)")
+                                     description="bytes of captures kept in the folder (the oldest removed)",
+        json_schema_extra={"x-group": FORENSICS})
     forensics_flight_recorder: str | None = Field(None, description="path prefix of the ranks' Flight Recorder "
-                                                                    "JSON dumps (<prefix><rank>), read at a capture")
+                                                                    "JSON dumps (<prefix><rank>), read at a capture",
+        json_schema_extra={"x-group": FORENSICS, "x-metavar": "PREFIX"})
     forensics_timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=600, description="seconds py-spy may take per "
-                                                                                  "process")
+                                                                                  "process",
+        json_schema_extra={"x-group": FORENSICS})
 
     @field_validator("listen")
     @classmethod
@@ -228,7 +270,10 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
     """Merge (flags win over the file, the file over the environment, that over defaults) and check."""
     merged: dict[str, Any] = {"rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK")}
     merged.update({k: v for k, v in file_values.items() if v is not None})
-    flags = {k: v for k, v in flag_values.items() if v is not None and k in ServeConfig.model_fields}
+    unknown = sorted(set(flag_values) - set(ServeConfig.model_fields))
+    if unknown:  # a flag with no setting behind it would be dropped without a word
+        raise ValueError(f"flags without a setting: {unknown}")
+    flags = {k: v for k, v in flag_values.items() if v is not None}
     if isinstance(flags.get("collectors"), dict) and isinstance(merged.get("collectors"), dict):
         flags["collectors"] = {**merged["collectors"], **flags["collectors"]}  # --collector.x wins per name
     merged.update(flags)
@@ -239,11 +284,79 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
     return validate(ServeConfig, merged, origin, error=ConfigError, hint=_hint)
 
 
+def flag_name(name: str) -> str:
+    """The command-line flag of a setting: its name with dashes, or the field's own "x-flag"."""
+    extra = ServeConfig.model_fields[name].json_schema_extra or {}
+    return str(extra.get("x-flag") or "--" + name.replace("_", "-"))
+
+
+def _default_text(field) -> str:
+    """" (default X)" for the help, from the field's own default (unless its description says it)."""
+    if "default" in (field.description or "") or field.default_factory is not None:
+        return ""
+    value = field.default
+    if value is None or value in ("", (), {}):
+        return ""
+    if isinstance(value, bool):
+        return " (default on)" if value else ""
+    return f" (default {value})"
+
+
+def add_flags(parser) -> None:
+    """`verl-exporter serve`'s flags, one per ServeConfig field, derived from it: name, type, help and default
+    come from the field, so a setting is declared once (collectors: one --collector.NAME per collector)."""
+    import argparse
+
+    groups: dict[str, Any] = {}
+    for name, field in ServeConfig.model_fields.items():
+        if name == "collectors":
+            continue  # per collector, below
+        extra = field.json_schema_extra or {}
+        group = extra.get("x-group")
+        target = parser if group is None else groups.setdefault(group, parser.add_argument_group(group))
+        kind = next((t for t in (bool, int, float, tuple, dict)
+                     if t is _base(field.annotation)), str)
+        options: dict[str, Any] = {"dest": name, "help": (field.description or "") + _default_text(field)}
+        if "x-metavar" in extra:
+            options["metavar"] = extra["x-metavar"]
+        if kind is bool:
+            options.update(action=argparse.BooleanOptionalAction if field.default else "store_true", default=None)
+        elif kind in (tuple, dict):
+            options.update(action="append", help=options["help"] + " (repeatable)")
+        else:
+            options["type"] = kind
+            options.setdefault("metavar", {int: "N", float: "S"}.get(kind))
+        target.add_argument(flag_name(name), **options)
+    from .collectors import REGISTRY
+
+    collect = groups.setdefault(COLLECT, parser.add_argument_group(COLLECT))
+    for name, cls in sorted(REGISTRY.items()):
+        collect.add_argument(f"--collector.{name}", dest=f"collector__{name}", action=argparse.BooleanOptionalAction,
+                             default=None, help=f"{cls.description} (default {'on' if cls.default_enabled else 'off'})")
+
+
+def _base(annotation: Any) -> Any:
+    """The plain type under Optional[...] and Annotated[...]: int for ``Count | None``."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        elif origin is not None:
+            return origin
+        else:
+            return annotation
+
+
 def schema() -> dict:
     """The JSON Schema of a --config file, with the collectors' names spelled out and label names checked."""
     from .collectors import REGISTRY
 
     doc = json_schema(ServeConfig, "verl-exporter serve --config")
+    for prop in doc["properties"].values():  # the flags' presentation (x-group, x-metavar) is not the file's
+        for key in [k for k in prop if k.startswith("x-")]:
+            del prop[key]
     doc["properties"]["collectors"]["propertyNames"] = {"enum": sorted(REGISTRY)}
     doc["properties"]["labels"]["propertyNames"] = {"pattern": LABEL_NAME_RE.pattern}
     return doc
