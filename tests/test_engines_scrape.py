@@ -9,11 +9,14 @@ selections find them.
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import free_port
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from verl_exporter.render import render_all
 from verl_exporter.render.prometheus import engine_file_sd
 from verl_exporter.spec import load_spec
@@ -48,6 +51,25 @@ def _vllm_registry() -> tuple[CollectorRegistry, dict]:
     return registry, metrics
 
 
+def _serve_text(registry: CollectorRegistry) -> http.server.HTTPServer:
+    """/metrics in the text format whatever the scraper asks: prometheus_client 0.26's OpenMetrics output, which
+    Prometheus 2.x asks for first, escapes the colons of vLLM's names (vllm:x -> vllm_x)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def _query(port: int, expr: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(url, timeout=5) as r:
@@ -60,15 +82,15 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
     registry, metrics = _vllm_registry()
     metrics["vllm:kv_cache_usage_perc"].set(0.99)
     metrics["vllm:time_to_first_token_seconds"].observe(0.3)
-    engine_port = free_port()
-    server, thread = start_http_server(engine_port, addr="127.0.0.1", registry=registry)
+    server = _serve_text(registry)
+    engine_port = server.server_address[1]
     # the prometheus.yml verl writes (verl/workers/rollout/utils.py update_prometheus_config)
     servers = {"job_name": "rollout", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]}
     verl_written = {"scrape_configs": [{"job_name": "ray", "file_sd_configs": [{"files": ["x.json"]}]}, servers]}
     (tmp_path / "file_sd").mkdir()
     (tmp_path / "file_sd/rollout-r1.json").write_text(json.dumps(engine_file_sd(verl_written, "r1", "vllm")))
     config = yaml.safe_load(render_all(load_spec(), REPO)["docker/prometheus/prometheus.yml"])
-    config["global"]["scrape_interval"] = "1s"
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s")
     config["rule_files"] = [str(REPO / "rules/verl-recording.yaml"), str(REPO / "rules/verl-alerts.yaml")]
     config.pop("alerting")
     engines = next(j for j in config["scrape_configs"] if j["job_name"] == "rollout")
@@ -86,7 +108,9 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
             time.sleep(1)
             try:
                 found = _query(port, 'max by (run, instance) (vllm:kv_cache_usage_perc or sglang:token_usage) > 0.95')
-            except OSError:
+            except urllib.error.HTTPError:
+                raise
+            except OSError:  # not listening yet
                 assert prom.poll() is None, prom.stderr.read().decode()[-2000:]
         assert [r["metric"] for r in found] == [{"run": "r1", "instance": f"127.0.0.1:{engine_port}"}]
         up = _query(port, 'up{rollout_engine=~"vllm|sglang"}')
