@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
