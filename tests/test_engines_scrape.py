@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import free_port
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 from verl_exporter.render import render_all
 from verl_exporter.render.prometheus import engine_file_sd
 from verl_exporter.spec import load_spec
@@ -51,21 +52,26 @@ def _vllm_registry() -> tuple[CollectorRegistry, dict]:
     return registry, metrics
 
 
-def _serve_text(registry: CollectorRegistry) -> http.server.HTTPServer:
-    """/metrics in the text format whatever the scraper asks: prometheus_client 0.26's OpenMetrics output, which
-    Prometheus 2.x asks for first, escapes the colons of vLLM's names (vllm:x -> vllm_x)."""
+def _serve(registry: CollectorRegistry) -> http.server.HTTPServer:
+    """/metrics as vLLM serves it: prometheus_client picks the format from the scraper's Accept header, and its
+    OpenMetrics output (Prometheus 2.x's first choice) spells vllm:x as vllm_x; the generated scrape job's
+    metric_relabel_configs give the names their colons back."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            body = generate_latest(registry)
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            body = encoder(registry)
             self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Type", content_type)
             self.end_headers()
             self.wfile.write(body)
+            formats.append(content_type.split(";")[0])
 
         def log_message(self, *args):
             pass
 
+    formats: list[str] = []
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    server.formats = formats
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -82,7 +88,7 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
     registry, metrics = _vllm_registry()
     metrics["vllm:kv_cache_usage_perc"].set(0.99)
     metrics["vllm:time_to_first_token_seconds"].observe(0.3)
-    server = _serve_text(registry)
+    server = _serve(registry)
     engine_port = server.server_address[1]
     # the prometheus.yml verl writes (verl/workers/rollout/utils.py update_prometheus_config)
     servers = {"job_name": "rollout", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]}
@@ -118,6 +124,8 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
         buckets = _query(port, 'count(vllm:time_to_first_token_seconds_bucket{run="r1"})')
         ttft = EXTRACT["vllm"]["buckets"]["families"]["TIME_TO_FIRST_TOKEN_BUCKETS"]
         assert int(buckets[0]["value"][1]) == len(ttft) + 1  # and +Inf
+        assert "application/openmetrics-text" in server.formats  # the escaping case was the one scraped
+        assert _query(port, 'count({__name__=~"vllm_.+"})') == []  # no name left without its colon
     finally:
         prom.terminate()
         prom.wait(timeout=30)
