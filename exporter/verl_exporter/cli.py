@@ -80,6 +80,17 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
                    help="path prefix of the ranks' NCCL Flight Recorder JSON dumps (PREFIX<rank>): a capture names "
                         "the rank and collective where the ranks diverge")
     f.add_argument("--forensics-timeout", type=float, help="seconds py-spy may take per process (default 20)")
+    s = p.add_argument_group("progress supervision (with --state-dir)")
+    s.add_argument("--state-dir", metavar="DIR",
+                   help="keep the run's highest step and restart counts here, across sidecar and trainer restarts")
+    s.add_argument("--planned-steps", type=int, metavar="N",
+                   help="the run's planned total steps (verl's trainer.total_training_steps): ETA, early end")
+    s.add_argument("--save-freq", type=int, metavar="N",
+                   help="verl's trainer.save_freq: when the next checkpoint is due")
+    s.add_argument("--max-ckpt-to-keep", type=int, metavar="N",
+                   help="verl's trainer.max_actor_ckpt_to_keep: alert when more checkpoints are kept")
+    s.add_argument("--deadline", type=float, metavar="UNIX_TIME",
+                   help="when the allocation ends (a reservation): alert when the next checkpoint comes after it")
     from .sidecar.collectors import REGISTRY
 
     for name, cls in sorted(REGISTRY.items()):

@@ -125,6 +125,14 @@ class ServeConfig(StrictModel):
     forensics_timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=600, description="seconds py-spy may take per "
                                                                                   "process")
 
+    state_dir: str | None = Field(None, description="keep the run's highest step and restart counts here "
+                                                    "(progress supervision); off when unset")
+    planned_steps: Count | None = Field(None, description="the run's planned total steps "
+                                                          "(trainer.total_training_steps)")
+    save_freq: int | None = Field(None, ge=1, description="verl's trainer.save_freq (next checkpoint due)")
+    max_ckpt_to_keep: int | None = Field(None, ge=1, description="verl's trainer.max_actor_ckpt_to_keep")
+    deadline: float | None = Field(None, ge=0, description="unix time the allocation ends (a reservation)")
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
