@@ -67,6 +67,7 @@ LabelName = Annotated[str, Field(pattern=LABEL_NAME_RE.pattern)]
 COLLECT = "resource collectors"
 LIVENESS = "discovery and liveness"
 CONTROL = "automated response (off by default)"
+PROGRESS = "progress supervision (with --state-dir)"
 FORENSICS = "hang forensics (off by default: a stack capture attaches to the trainer)"
 
 
@@ -166,6 +167,21 @@ class ServeConfig(StrictModel):
     forensics_timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=600, description="seconds py-spy may take per "
                                                                                   "process",
         json_schema_extra={"x-group": FORENSICS})
+
+    state_dir: str | None = Field(None, description="keep the run's highest step and restart counts here, "
+                                                    "across sidecar and trainer restarts; off when unset",
+        json_schema_extra={"x-group": PROGRESS, "x-metavar": "DIR"})
+    planned_steps: Count | None = Field(None, description="the run's planned total steps (verl's "
+                                                          "trainer.total_training_steps): ETA, early end",
+        json_schema_extra={"x-group": PROGRESS})
+    save_freq: int | None = Field(None, ge=1, description="verl's trainer.save_freq: when the next checkpoint is due",
+        json_schema_extra={"x-group": PROGRESS})
+    max_ckpt_to_keep: int | None = Field(None, ge=1, description="verl's trainer.max_actor_ckpt_to_keep: alert "
+                                                                 "when more checkpoints are kept",
+        json_schema_extra={"x-group": PROGRESS})
+    deadline: float | None = Field(None, ge=0, description="unix time the allocation ends (a reservation): alert "
+                                                           "when the next checkpoint comes after it",
+        json_schema_extra={"x-group": PROGRESS, "x-metavar": "UNIX_TIME"})
 
     @field_validator("listen")
     @classmethod

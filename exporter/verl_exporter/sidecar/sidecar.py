@@ -19,6 +19,7 @@ from .config import ServeConfig
 from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
 from .file_sd import FileSdRegistration, advertise_host
 from .forensics import Forensics, ForensicsSettings, StallWatch
+from .progress import Progress
 from .sources.verl_file import VerlFileFollower
 from .store import TrainingStore
 
@@ -58,6 +59,11 @@ class Sidecar:
                 c.forensics_dir, c.forensics_py_spy, c.forensics_native, c.forensics_max_files, c.forensics_max_bytes,
                 c.forensics_timeout, c.forensics_flight_recorder), self.self_metrics, c.trainer_pid, labels)
             self.stall_watch = StallWatch(self.spec, self.store, self.forensics)
+        self.progress: Progress | None = None
+        if config.state_dir:
+            c = config
+            self.progress = Progress(c.state_dir, self.store, self.self_metrics, c.trainer_pid, c.planned_steps,
+                                     c.save_freq, c.deadline, c.max_ckpt_to_keep)
         self.server: HttpServer | None = None
         self.file_sd: FileSdRegistration | None = None
         self.control: ControlState | None = None
@@ -152,6 +158,9 @@ class Sidecar:
                         ", ".join(still), FIRST_SAMPLE_WAIT_S)
         if self.stall_watch:
             self.stall_watch.start()
+        if self.progress:  # after the follower's recovery: the recovered step is compared with the saved one
+            self.progress.update()
+            self.progress.start()
         self.server.start()
         log.info("verl-exporter serving on %s/metrics%s", self.server.url,
                  f", following {self.config.verl_log}" if self.config.verl_log else "")
@@ -160,6 +169,8 @@ class Sidecar:
     def stop(self) -> None:
         if self.stall_watch:
             self.stall_watch.stop()
+        if self.progress:
+            self.progress.stop()
         if self.file_sd:
             self.file_sd.stop()
         if self.follower:

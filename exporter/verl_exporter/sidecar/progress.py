@@ -1,0 +1,151 @@
+"""Progress supervision across restarts: a run's step high-water mark, its restarts, ETA and next checkpoint.
+
+What one sidecar process sees is lost when it restarts, and verl's log starts again when the trainer does
+(mode "wb"). So the high-water mark and the restart counts live in ``<state dir>/progress.json``, replaced
+whole (core.atomicfile) whenever they change, and read back at start.
+
+A trainer restart is any of: the followed log truncated or replaced (the follower's
+verl_exporter_source_resets_total going up), the logged step going below the last one seen, a --trainer-pid
+other than the one in the state file (a sidecar started again for a new trainer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from ..core.atomicfile import write_atomic
+
+log = logging.getLogger(__name__)
+
+STATE_NAME = "progress.json"
+_RESETS = "verl_exporter_source_resets_total"
+
+
+class Progress:
+    def __init__(self, state_dir: str, store, self_metrics, trainer_pid: int | None = None,
+                 planned_steps: int | None = None, save_freq: int | None = None, deadline: float | None = None,
+                 ckpt_to_keep: int | None = None, interval: float = 1.0, clock=time.time):
+        self.path = Path(state_dir) / STATE_NAME
+        self._store = store
+        self._self = self_metrics
+        self._trainer_pid = trainer_pid
+        self._planned = planned_steps
+        self._save_freq = save_freq
+        self._interval = interval
+        self._clock = clock
+        self.state = self._load()
+        # the last step seen, kept across sidecar restarts: a recovered log below it is a trainer restart
+        self._last_step: float | None = self.state.get("last_step")
+        self._resets = self._resets_seen()
+        if trainer_pid is not None and self.state.get("trainer_pid") not in (None, trainer_pid):
+            self._restarted()  # a sidecar started for a new trainer
+        self.state["trainer_pid"] = trainer_pid
+        self._save()
+        for name, value in (("verl_run_planned_steps", planned_steps), ("verl_run_deadline_timestamp_seconds",
+                            deadline), ("verl_run_checkpoints_to_keep", ckpt_to_keep)):
+            if value is not None:
+                self._self.set(name, value)
+        self._export()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="verl-progress", daemon=True)
+
+    def _load(self) -> dict:
+        try:
+            state = json.loads(self.path.read_text())
+            if isinstance(state, dict):
+                return state
+            log.warning("%s is not a JSON object: starting a new one", self.path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:  # a broken file must not stop the sidecar: say so, start again
+            log.warning("cannot read %s (%s): starting a new one", self.path, e)
+        return {}
+
+    def _save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, json.dumps(self.state, sort_keys=True))
+        except OSError as e:
+            self._self.problem("progress", "write", f"cannot write {self.path}: {e}")
+
+    def _resets_seen(self) -> float:
+        snapshot = self._self.snapshot().get(_RESETS, {})
+        return sum(snapshot.values())
+
+    def _restarted(self) -> None:
+        s = self.state
+        s["restarts"] = s.get("restarts", 0) + 1
+        s["restarts_without_progress"] = s.get("restarts_without_progress", 0) + 1
+        s["awaiting_resume"] = True  # the first step after it says where it resumed from
+
+    def update(self) -> None:
+        """Take what the store and the follower saw since the last call; save the state when it changed."""
+        before = json.dumps(self.state, sort_keys=True)
+        resets = self._resets_seen()
+        step = self._store.step
+        went_back = step is not None and self._last_step is not None and step < self._last_step
+        if resets > self._resets or (went_back and not self.state.get("awaiting_resume")):
+            self._restarted()
+        self._resets = resets
+        s = self.state
+        if step is not None and step != self._last_step:
+            high = s.get("max_step")
+            if s.pop("awaiting_resume", False) and high is not None:
+                s["redone_steps"] = max(0.0, high - step)
+            if high is None or step > high:
+                s["max_step"] = step
+                s["restarts_without_progress"] = 0
+        self._last_step = s["last_step"] = step
+        if json.dumps(s, sort_keys=True) != before:
+            self._save()
+        self._export()
+
+    def _export(self) -> None:
+        s = self.state
+        self._self.set("verl_run_restarts_total", s.get("restarts", 0))
+        self._self.set("verl_run_restarts_without_progress", s.get("restarts_without_progress", 0))
+        self._self.set("verl_run_restart_redone_steps", s.get("redone_steps", 0))
+        if s.get("max_step") is not None:
+            self._self.set("verl_run_max_step", s["max_step"])
+        if self._trainer_pid is not None:
+            self._self.set("verl_run_trainer_running", 1.0 if _exists(self._trainer_pid) else 0.0)
+        step, seconds = self._store.step, self._store.recent_step_seconds()
+        if step is None or not seconds:
+            return
+        if self._planned is not None:
+            self._self.set("verl_run_eta_seconds", max(0.0, self._planned - step) * seconds)
+        if self._save_freq:
+            left = self._save_freq - step % self._save_freq
+            self._self.set("verl_run_next_checkpoint_timestamp_seconds", self._clock() + left * seconds)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.update()
+            except Exception as e:  # supervision must never take the sidecar down
+                self._self.problem("progress", "update", f"progress update failed: {e}")
+
+    def start(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.update()  # the last step seen is in the state file when the sidecar exits
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    return True

@@ -1,0 +1,159 @@
+"""Progress supervision across restarts (sidecar/progress.py): the high-water mark, restarts, ETA."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.progress import STATE_NAME, Progress
+from verl_exporter.sidecar.store import TrainingStore
+from verl_exporter.spec import load_spec
+
+SPEC = load_spec()
+
+
+def _parts():
+    metrics = SelfMetrics(SPEC)
+    return TrainingStore(SPEC, metrics), metrics
+
+
+def _step(store, step, at):
+    store.ingest(step, {"actor/grad_norm": 0.5}, at)
+
+
+def test_step_going_back_is_a_restart_and_the_mark_survives_a_new_sidecar(tmp_path):
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics)
+    for s in range(1, 11):
+        _step(store, s, 100.0 + s)
+        p.update()
+    _step(store, 4, 200.0)  # the trainer came back from the checkpoint at step 4
+    p.update()
+    assert metrics.value("verl_run_max_step") == 10
+    assert metrics.value("verl_run_restarts_total") == 1
+    assert metrics.value("verl_run_restart_redone_steps") == 6
+    store2, metrics2 = _parts()  # a new sidecar: nothing in memory, the same state folder
+    Progress(str(tmp_path), store2, metrics2)
+    assert (metrics2.value("verl_run_max_step"), metrics2.value("verl_run_restarts_total")) == (10, 1)
+
+
+def test_a_new_trainer_pid_is_a_restart_and_a_new_high_step_ends_the_loop(tmp_path):
+    store, metrics = _parts()
+    Progress(str(tmp_path), store, metrics, trainer_pid=111)
+    for pid in (222, 333, 444):
+        store, metrics = _parts()
+        p = Progress(str(tmp_path), store, metrics, trainer_pid=pid)
+    assert metrics.value("verl_run_restarts_without_progress") == 3
+    _step(store, 1, 10.0)
+    p.update()
+    assert metrics.value("verl_run_restarts_without_progress") == 0
+    assert metrics.value("verl_run_restarts_total") == 3
+
+
+def test_follower_resets_count_once_with_the_step_that_follows(tmp_path):
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics)
+    _step(store, 8, 1.0)
+    p.update()
+    metrics.inc("verl_exporter_source_resets_total", reason="truncated")
+    p.update()
+    _step(store, 5, 2.0)  # the first line of the rewritten log
+    p.update()
+    assert metrics.value("verl_run_restarts_total") == 1
+    assert metrics.value("verl_run_restart_redone_steps") == 3
+
+
+def test_eta_and_next_checkpoint_from_the_recent_step_time(tmp_path):
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics, planned_steps=100, save_freq=25, deadline=5000.0,
+                 ckpt_to_keep=2, clock=lambda: 1000.0)
+    for s in range(1, 11):
+        _step(store, s, 10.0 * s)  # 10 s a step
+        p.update()
+    assert metrics.value("verl_run_eta_seconds") == 90 * 10
+    assert metrics.value("verl_run_next_checkpoint_timestamp_seconds") == 1000 + 15 * 10
+    assert metrics.value("verl_run_deadline_timestamp_seconds") == 5000
+    assert metrics.value("verl_run_checkpoints_to_keep") == 2
+
+
+def test_a_broken_state_file_starts_again(tmp_path):
+    (tmp_path / STATE_NAME).write_text("{not json")
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics)
+    _step(store, 3, 1.0)
+    p.update()
+    assert json.loads((tmp_path / STATE_NAME).read_text())["max_step"] == 3
+
+
+def _write(path, steps):
+    with open(path, "wb", buffering=0) as f:  # as verl's FileLogger: a restart truncates the file
+        for s in steps:
+            f.write(json.dumps({"step": s, "data": {"actor/grad_norm": 0.4}}).encode() + b"\n")
+
+
+def _wait(fn, want, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fn() == want:
+            return
+        time.sleep(0.05)
+    assert fn() == want
+
+
+def _sidecar(log, state, **flags):
+    from verl_exporter.sidecar.collectors import REGISTRY
+    from verl_exporter.sidecar.config import build_config
+    from verl_exporter.sidecar.sidecar import Sidecar
+
+    config = build_config({}, {"listen": "127.0.0.1:0", "verl_log": str(log), "state_dir": str(state),
+                               "poll_interval": 0.05, "collectors": {n: False for n in REGISTRY}, **flags})
+    return Sidecar(config).start()
+
+
+@pytest.mark.integration
+def test_real_sidecar_restarted_run_crash_loop_and_early_end(tmp_path):
+    log, state = tmp_path / "run.jsonl", tmp_path / "state"
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    side = _sidecar(log, state, trainer_pid=trainer.pid, planned_steps=100)
+    try:
+        m = side.self_metrics.value
+        _write(log, range(1, 21))
+        _wait(lambda: m("verl_run_max_step"), 20)
+        _write(log, [12])  # restarted from the checkpoint at step 12
+        _wait(lambda: m("verl_run_restarts_total"), 1)
+        _wait(lambda: m("verl_run_restart_redone_steps"), 8)
+        for n in (2, 3):  # dies again before passing step 20
+            _write(log, [12 + n])
+            _wait(lambda: m("verl_run_restarts_without_progress"), n)
+        trainer.kill()
+        trainer.wait()
+        _wait(lambda: m("verl_run_trainer_running"), 0)
+        with urllib.request.urlopen(side.server.url + "/metrics") as r:
+            body = r.read().decode()
+        assert "verl_run_max_step 20.0" in body and "verl_run_restarts_without_progress 3.0" in body
+    finally:
+        side.stop()
+        trainer.kill()
+    side = _sidecar(log, state)  # the sidecar restarted: the same log, the mark and the counts kept
+    try:
+        m = side.self_metrics.value
+        assert (m("verl_run_max_step"), m("verl_run_restarts_total")) == (20, 3)
+        _write(log, [14])  # the trainer restarted while no sidecar watched: a new file
+        _wait(lambda: m("verl_run_restarts_total"), 4)
+    finally:
+        side.stop()
+
+
+def test_the_serve_flags_reach_the_config():
+    from verl_exporter.cli import build_parser
+    from verl_exporter.sidecar.config import build_config
+
+    args = build_parser().parse_args(["serve", "--state-dir", "s", "--planned-steps", "500", "--save-freq", "50",
+                                      "--max-ckpt-to-keep", "2", "--deadline", "1700000000"])
+    c = build_config({}, vars(args))
+    assert (c.state_dir, c.planned_steps, c.save_freq, c.max_ckpt_to_keep, c.deadline) == ("s", 500, 50, 2, 1.7e9)
