@@ -8,7 +8,7 @@ import re
 import pytest
 from conftest import REPO
 from verl_exporter.cli import build_parser
-from verl_exporter.sidecar.config import ServeConfig, build_config, flag_name
+from verl_exporter.sidecar.config import ServeConfig, build_config, flag_name, flag_values
 
 
 def one_per_setting(flags) -> set[str]:
@@ -45,9 +45,9 @@ def test_a_flag_without_a_setting_is_an_error_not_dropped():
 
 def test_the_flags_parse_into_the_config():
     args = build_parser().parse_args(["serve", "--interval", "5", "--label", "zone=a", "--watch-path", "/x",
-                                      "--no-forensics-native", "--gpu-pcie-throughput", "--rank", "3"])
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level", "func")
-             and not k.startswith("collector__")}
-    config = build_config({}, flags)
+                                      "--no-forensics-native", "--gpu-pcie-throughput", "--rank", "3",
+                                      "--no-collector.gpu"])
+    config = build_config({}, flag_values(vars(args)))
     assert (config.interval, config.labels, config.watch_paths, config.forensics_native,
-            config.gpu_pcie_throughput, config.rank) == (5.0, {"zone": "a"}, ("/x",), False, True, 3)
+            config.gpu_pcie_throughput, config.rank, config.collectors) == \
+        (5.0, {"zone": "a"}, ("/x",), False, True, 3, {"gpu": False})

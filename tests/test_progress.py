@@ -151,9 +151,9 @@ def test_real_sidecar_restarted_run_crash_loop_and_early_end(tmp_path):
 
 def test_the_serve_flags_reach_the_config():
     from verl_exporter.cli import build_parser
-    from verl_exporter.sidecar.config import build_config
+    from verl_exporter.sidecar.config import build_config, flag_values
 
     args = build_parser().parse_args(["serve", "--state-dir", "s", "--planned-steps", "500", "--save-freq", "50",
                                       "--max-ckpt-to-keep", "2", "--deadline", "1700000000"])
-    c = build_config({}, vars(args))
+    c = build_config({}, flag_values(vars(args)))
     assert (c.state_dir, c.planned_steps, c.save_freq, c.max_ckpt_to_keep, c.deadline) == ("s", 500, 50, 2, 1.7e9)

@@ -138,14 +138,11 @@ def _count(text: str) -> int:
 
 def cmd_serve(args) -> int:
     from .core.httpserver import ListenError
-    from .sidecar.config import ConfigError, build_config, read_config_file
+    from .sidecar.config import ConfigError, build_config, flag_values, read_config_file
     from .sidecar.sidecar import Sidecar
     from .spec import SpecError
 
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level", "func")}
-    toggles = {k.split("__", 1)[1]: flags.pop(k) for k in list(flags) if k.startswith("collector__")}
-    if any(v is not None for v in toggles.values()):
-        flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
+    flags = flag_values(vars(args))
     done = stop_event(grace=GRACE_S)
     try:
         # the file alone is checked (with its lines) by read_config_file: what fails here came with the flags

@@ -282,6 +282,16 @@ def _env_int(name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def flag_values(parsed: dict[str, Any]) -> dict[str, Any]:
+    """The settings among parsed `serve` arguments (vars(args)): the --collector.NAME switches gathered into
+    collectors, the command's own arguments (command, --config, --log-level) left out."""
+    flags = {k: v for k, v in parsed.items() if k not in ("command", "config", "log_level", "func")}
+    toggles = {k.split("__", 1)[1]: flags.pop(k) for k in list(flags) if k.startswith("collector__")}
+    if any(v is not None for v in toggles.values()):
+        flags["collectors"] = {k: v for k, v in toggles.items() if v is not None}
+    return flags
+
+
 def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origin: str = "config") -> ServeConfig:
     """Merge (flags win over the file, the file over the environment, that over defaults) and check."""
     merged: dict[str, Any] = {"rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK")}
