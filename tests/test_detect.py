@@ -310,3 +310,25 @@ def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
                 fresh.peak, fresh.floor_level, list(fresh.zs), list(fresh.spikes), list(fresh.levels))
 
     check()
+
+
+def test_held_max_is_the_highest_of_the_last_hold_steps_from_the_first_hold_steps():
+    det = SignalDetector(SignalSpec("length", "m", hold=3))
+    stats = feed(det, [300.0, 2.0, 1.0, 1.0])
+    assert "held_max" not in stats[1]  # fewer than hold steps: nothing held yet
+    assert [s["held_max"] for s in stats[2:]] == [300.0, 2.0]
+
+
+@pytest.mark.parametrize("step_s", [5.0, 60.0, 600.0])
+def test_answers_collapsed_trips_the_breaker_three_steps_into_a_collapse_at_any_step_time(step_s):
+    """Its hold is counted in steps (the answer length's held_max), not in minutes of wall time."""
+    breaker = CircuitBreaker([a for a in SPEC.alerts() if a.alert == "VerlAnswersCollapsed"], SPEC)
+    tripped_at = None
+    for step in range(1, 40):
+        collapsed = step >= 20
+        data = {"response_length/mean": 1.0 if collapsed else 400.0, "actor/entropy": 0.01 if collapsed else 0.6,
+                "critic/score/mean": 0.3, "critic/score/min": -1.0}
+        if breaker.observe(step, data, now=step * step_s)[1] is not None:
+            tripped_at = step
+            break
+    assert tripped_at == 22

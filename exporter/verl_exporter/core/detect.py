@@ -16,6 +16,9 @@ compares its value with the window of the steps before it:
              trailing_peak / trailing_floor: its highest and lowest over the last `trail` steps, a baseline
              that follows the slow drift of a long run (a healthy run's gradient norm, entropy and score move
              with the answer length and the learning-rate schedule over hundreds of steps)
+  held_min / held_max  the lowest / highest of the last `hold` steps: a level held for that many steps, the
+             hold of an alert on per-step values counted in steps (its `for:` in minutes would be 120 steps at
+             5-s steps and 1 at 10-min steps)
   slope_per_second   the window's slope divided by the median step time (memory growth per second)
 
 Nothing is exported for a signal before its window holds `min_steps` distinct steps (at least 10). The window
@@ -37,7 +40,7 @@ from typing import Any
 # The gauges a signal may export (each declared in the spec as verl_detector_<stat>, label `signal`).
 STATS = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
          "relative_change", "level", "peak_level", "floor_level", "trailing_peak", "trailing_floor", "window_max",
-         "spike_ratio", "held_min", "slope_per_second")
+         "spike_ratio", "held_min", "held_max", "slope_per_second")
 MIN_STEPS_FLOOR = 10  # no adaptive alert may fire before this many distinct steps
 _MAD_TO_SIGMA = 1.4826 / math.sqrt(2.0)  # MAD of differences of N(0, s) noise -> s
 STEP_METRIC = "verl_timing_seconds"  # its phase=step series is the step's duration, under each verl key scheme
@@ -233,7 +236,8 @@ class SignalDetector:
         self.values.append(x)
         self.recent.append(x)
         if len(self.recent) >= s.hold:
-            stats["held_min"] = min(list(self.recent)[-s.hold:])
+            held = list(self.recent)[-s.hold:]
+            stats["held_min"], stats["held_max"] = min(held), max(held)
         if len(self.recent) >= s.level_steps:
             level = median(list(self.recent)[-s.level_steps:])
             stats["level"] = level
