@@ -221,6 +221,8 @@ def test_native_frames_are_left_out_of_the_verdict():
 
 def test_ranges():
     assert ranges(["3", "0", "1", "2", "7", "9", "10"]) == "0-3, 7, 9-10"
+    # an iterator is read once: the labels that are not numbers were lost to the pass over the numbers
+    assert ranges(iter(["1", "0", "pid 7"])) == "0-1, pid 7"
 
 
 def test_captures_of_several_sidecars_merge_into_one_verdict(tmp_path):

@@ -17,12 +17,12 @@ from pathlib import Path
 TEMP_SUFFIX = ".tmp"
 
 
-def temp_prefix(path: str | os.PathLike) -> str:
+def temp_prefix(path: str | os.PathLike[str]) -> str:
     """The prefix of the temporary files write_atomic makes for path (for scanners that skip them)."""
     return f".{Path(path).name}."
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, mode: int = 0o644) -> None:
     """Replace path with data (str is written as UTF-8), with permissions mode whatever the umask."""
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
@@ -44,7 +44,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) 
     fsync_dir(path.parent)
 
 
-def make_dirs(path: str | os.PathLike, mode: int) -> list[Path]:
+def make_dirs(path: str | os.PathLike[str], mode: int) -> list[Path]:
     """Create path and its missing parents (mkdir -p) with exactly mode whatever the umask; the folders made.
 
     For files another process reads (under another uid): mkdir(parents=True) applies the umask, so under
@@ -66,7 +66,7 @@ def make_dirs(path: str | os.PathLike, mode: int) -> list[Path]:
     return made
 
 
-def remove_stale_temps(path: str | os.PathLike) -> int:
+def remove_stale_temps(path: str | os.PathLike[str]) -> int:
     """Remove the temporary files a killed writer of path left behind; for a file with one writer only."""
     path = Path(path)
     removed = 0
@@ -81,7 +81,7 @@ def glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
-def fsync_dir(directory: str | os.PathLike) -> None:
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Make a rename or create in directory durable. Filesystems that cannot sync a directory are let be."""
     try:
         fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

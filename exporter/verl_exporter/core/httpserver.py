@@ -31,8 +31,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
+
+if TYPE_CHECKING:
+    from _typeshed import OptExcInfo, ReadableBuffer, WriteableBuffer
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +75,7 @@ class _DeadlineReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         left = self._deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the request did not arrive in time")
@@ -88,7 +93,7 @@ class _Writer(io.BufferedIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:
+    def write(self, data: ReadableBuffer) -> int:
         self._sock.settimeout(self._timeout)
         self._sock.sendall(data)
         with memoryview(data) as view:
@@ -99,6 +104,7 @@ class _Handler(WSGIRequestHandler):
     # An error about the request line itself (HTTP/2.0, a bad version) would otherwise be answered the
     # HTTP/0.9 way, a bare HTML body without a status line; nothing speaks 0.9 any more.
     default_request_version = "HTTP/1.0"
+    server: _BoundedServer
 
     def setup(self) -> None:
         timeout = self.server.request_timeout
@@ -125,7 +131,9 @@ class _Handler(WSGIRequestHandler):
             self.send_error(code, why)
             self.server._problem("bad_request", f"a request got {code}: {why}")
             return
-        handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        # wsgiref's stubs ask for an IO[bytes]; it only writes to and flushes the stream, as _Writer does
+        handler = _ServerHandler(self.rfile, self.wfile,  # type: ignore[arg-type]
+                                 self.get_stderr(), self.get_environ(), multithread=False)
         handler.request_handler = self
         handler.run(self.server.get_app())
 
@@ -142,12 +150,17 @@ class _Handler(WSGIRequestHandler):
             return 400, "Content-Length is not a number"
         return None
 
-    def log_message(self, format, *args):  # one line per scrape would drown the log
+    def log_message(self, format: str, *args: Any) -> None:  # one line per scrape would drown the log
         pass
 
 
 class _ServerHandler(ServerHandler):
-    def write(self, data) -> None:
+    # set by wsgiref (the stubs leave them out) and by _Handler.handle
+    environ: WSGIEnvironment
+    headers_sent: bool
+    request_handler: _Handler
+
+    def write(self, data: bytes) -> None:
         """HEAD: the headers (with the Content-Length of GET's body), never the body."""
         if self.environ.get("REQUEST_METHOD") != "HEAD":
             super().write(data)
@@ -159,7 +172,7 @@ class _ServerHandler(ServerHandler):
             self.bytes_sent += len(data)
         self._flush()
 
-    def log_exception(self, exc_info) -> None:
+    def log_exception(self, exc_info: OptExcInfo) -> None:
         error = exc_info[1]
         if isinstance(error, TimeoutError):  # the client stopped reading the answer
             self.request_handler.server._problem("timeout", "a client stopped reading its answer; connection closed")
@@ -176,21 +189,26 @@ class _BoundedServer(WSGIServer):
     allow_reuse_address = True
     traceback_logged = False
 
-    def __init__(self, address, app, *, workers: int, max_connections: int, request_timeout: float,
-                 on_problem: ProblemFn | None):
+    def __init__(self, address: tuple[str, int], app: WSGIApplication, *, workers: int, max_connections: int,
+                 request_timeout: float, on_problem: ProblemFn | None):
         super().__init__(address, _Handler)
         self.request_timeout = request_timeout
         self._on_problem = on_problem
         self._connections = threading.BoundedSemaphore(max_connections)
         slots = threading.Semaphore(workers)
 
-        def gated(environ, start_response):  # both apps answer with a list, so the call is all the work
+        # both apps answer with a list, so the call is all the work
+        def gated(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
             with slots:
                 return app(environ, start_response)
 
-        self.set_app(gated)
+        self._app: WSGIApplication = gated
 
-    def process_request(self, request, client_address) -> None:
+    def get_app(self) -> WSGIApplication:  # never None: set above
+        return self._app
+
+    # a TCP server's requests are sockets (the stubs' type also covers a UDP server's (data, socket))
+    def process_request(self, request: socket.socket, client_address: Any) -> None:  # type: ignore[override]
         if not self._connections.acquire(blocking=False):
             request.setblocking(False)  # the accept loop never waits on a client
             with contextlib.suppress(OSError):
@@ -202,7 +220,7 @@ class _BoundedServer(WSGIServer):
         threading.Thread(target=self._serve, args=(request, client_address), name="verl-exporter-http-conn",
                          daemon=True).start()
 
-    def _serve(self, request, client_address) -> None:
+    def _serve(self, request: socket.socket, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
         except TimeoutError:
@@ -223,8 +241,12 @@ class _BoundedServer(WSGIServer):
         except Exception:  # counting a problem must never take the server down
             log.exception("http: on_problem failed")
 
-    def handle_error(self, request, client_address) -> None:  # socketserver would print a traceback
+    def handle_error(self, request: Any, client_address: Any) -> None:  # socketserver would print a traceback
         self._problem("error", f"an HTTP connection failed: {_describe(sys.exc_info()[1])}")
+
+
+class _BoundedServer6(_BoundedServer):
+    address_family = socket.AF_INET6
 
 
 def _describe(error: BaseException | None) -> str:
@@ -235,12 +257,11 @@ def _describe(error: BaseException | None) -> str:
 class HttpServer:
     """The server on its own daemon thread; port 0 picks a free port. Binds in __init__ (ListenError)."""
 
-    def __init__(self, app, listen: str, *, workers: int = WORKERS, max_connections: int = MAX_CONNECTIONS,
-                 request_timeout: float = REQUEST_TIMEOUT_S, on_problem: ProblemFn | None = None):
+    def __init__(self, app: WSGIApplication, listen: str, *, workers: int = WORKERS,
+                 max_connections: int = MAX_CONNECTIONS, request_timeout: float = REQUEST_TIMEOUT_S,
+                 on_problem: ProblemFn | None = None):
         host, port = parse_listen(listen)
-        server_class = _BoundedServer
-        if ":" in host:
-            server_class = type("_BoundedServer6", (_BoundedServer,), {"address_family": socket.AF_INET6})
+        server_class = _BoundedServer6 if ":" in host else _BoundedServer
         try:
             self._httpd = server_class((host, port), app, workers=workers, max_connections=max_connections,
                                        request_timeout=request_timeout, on_problem=on_problem)

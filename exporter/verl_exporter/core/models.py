@@ -14,12 +14,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)
+KeyPath = tuple[str | int, ...]  # a place in a document: mapping keys and sequence indexes, outermost first
+Lines = dict[KeyPath, int]  # {key path: 1-based line}
+Hint = Callable[[ErrorDetails, KeyPath], str | None]
 
 
 class StrictModel(BaseModel):
@@ -45,13 +49,19 @@ MAX_YAML_BYTES = 1024 * 1024
 MAX_YAML_DEPTH = 32
 
 
-class YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+if TYPE_CHECKING:  # the stubs declare both; the C one is only there when PyYAML was built with libyaml
+    _SafeLoader = yaml.SafeLoader
+else:
+    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class YamlLoader(_SafeLoader):
     """YAML 1.2 floats: 3e9 and 1E-3 are numbers (PyYAML's YAML 1.1 reads them as strings). libyaml's parser
     where PyYAML has it: the pure-Python one took 1.5 s of the spec's 1.7 s load. A value the constructor
     cannot build (a date with month 13, an int of 5,000 digits, ``!!float nope``) is a YAML error at its line
     instead of whatever Python exception the constructor would raise."""
 
-    def construct_object(self, node, deep=False):
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
         except yaml.YAMLError:
@@ -73,16 +83,16 @@ class _Refused(Exception):
         self.line, self.text = line, text
 
 
-def _walk(root, origin: str) -> tuple[dict[tuple, int], list[str]]:
+def _walk(root: yaml.Node, origin: str) -> tuple[Lines, list[str]]:
     """({key path: 1-based line} of every mapping key and sequence item, duplicate-key problems) of a composed
     node tree, in file order, each node visited once. A node met twice is an alias, refused: walking through
     aliases is how 600 bytes of nine nested aliased lists became 9^9 visits and 24 GB. A key given twice in one
     mapping is a problem: YAML keeps the last silently, so the first is lost without a word (a spec entry's
     second `inhibits:` once dropped the first's inhibit this way)."""
-    lines: dict[tuple, int] = {}
+    lines: Lines = {}
     duplicates: list[str] = []
     seen: set[int] = set()
-    stack = [(root, (), 1)]
+    stack: list[tuple[yaml.Node, KeyPath, int]] = [(root, (), 1)]
     while stack:
         node, path, depth = stack.pop()
         if id(node) in seen:
@@ -92,7 +102,7 @@ def _walk(root, origin: str) -> tuple[dict[tuple, int], list[str]]:
             continue
         if depth > MAX_YAML_DEPTH:
             raise _Refused(node.start_mark.line + 1, f"nested deeper than {MAX_YAML_DEPTH} levels")
-        children = []
+        children: list[tuple[yaml.Node, KeyPath, int]] = []
         if isinstance(node, yaml.MappingNode):
             first: dict[str, int] = {}
             for k, v in node.value:
@@ -124,15 +134,16 @@ def _walk(root, origin: str) -> tuple[dict[tuple, int], list[str]]:
 def _alias_problem(text: str, origin: str) -> str:
     """The first alias of the text, as a problem naming its line and its anchor's (a pass over the events, which
     do not expand aliases)."""
-    anchors: dict[str, int] = {}
+    anchors: dict[str | None, int] = {}
     for event in yaml.parse(text, Loader=YamlLoader):
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0  # the parser marks every event
+        name = getattr(event, "anchor", None)  # node events may carry one; an alias names the one it repeats
         if isinstance(event, yaml.AliasEvent):
-            name = event.anchor
-            return (f"{origin}:{event.start_mark.line + 1}: alias *{name} of the anchor &{name} at line "
+            return (f"{origin}:{line}: alias *{name} of the anchor &{name} at line "
                     f"{anchors.get(name, '?')}: anchors and aliases are not accepted in this file (a few hundred "
                     "bytes of nested aliases expand to billions of values); write the value out")
-        if getattr(event, "anchor", None):
-            anchors.setdefault(event.anchor, event.start_mark.line + 1)
+        if name:
+            anchors.setdefault(name, line)
     return f"{origin}: anchors and aliases are not accepted in this file; write the value out"
 
 
@@ -140,8 +151,10 @@ def _syntax_problem(e: yaml.YAMLError, origin: str, text: str) -> str:
     if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow, e.g. a control character
         code = ord(e.character) if isinstance(e.character, str) else e.character
         # libyaml counts bytes of the UTF-8 text, the pure-Python reader characters
-        before = text.encode("utf-8", "replace")[:e.position] if hasattr(yaml, "CSafeLoader") else text[:e.position]
-        line = before.count(b"\n" if isinstance(before, bytes) else "\n") + 1
+        if hasattr(yaml, "CSafeLoader"):
+            line = text.encode("utf-8", "replace")[:e.position].count(b"\n") + 1
+        else:
+            line = text[:e.position].count("\n") + 1
         return f"{origin}:{line}: not valid YAML: character U+{code:04X}: {e.reason}"
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     if not isinstance(e, yaml.MarkedYAMLError) or mark is None:
@@ -154,7 +167,7 @@ def _too_large(origin: str) -> str:
     return f"{origin}: larger than the {MAX_YAML_BYTES // 1024**2} MiB a YAML file may have here"
 
 
-def parse_yaml(text: str, origin: str, error: type[FileError] = FileError) -> tuple[Any, dict[tuple, int]]:
+def parse_yaml(text: str, origin: str, error: type[FileError] = FileError) -> tuple[Any, Lines]:
     """(document, key lines) of YAML text, the one way the pack reads YAML. A problem of ``error``: a syntax
     error; a key given twice in one mapping; an alias; nesting deeper than MAX_YAML_DEPTH; text over
     MAX_YAML_BYTES; a value that cannot be built. The text is parsed once: the document is built from the same
@@ -179,7 +192,7 @@ def parse_yaml(text: str, origin: str, error: type[FileError] = FileError) -> tu
         loader.dispose()
 
 
-def read_yaml(path: str | Path, error: type[FileError] = FileError) -> tuple[Any, dict[tuple, int]]:
+def read_yaml(path: str | Path, error: type[FileError] = FileError) -> tuple[Any, Lines]:
     """(document, key lines) of a YAML file; an unreadable file, or one over MAX_YAML_BYTES (read no further
     than that: /dev/zero is refused, not read), is one problem of ``error``."""
     origin = str(path)
@@ -197,7 +210,7 @@ def read_yaml(path: str | Path, error: type[FileError] = FileError) -> tuple[Any
     return parse_yaml(text, origin, error)
 
 
-def where(origin: str, lines: dict[tuple, int], path: tuple) -> str:
+def where(origin: str, lines: Lines, path: KeyPath) -> str:
     """'ORIGIN:LINE' of the deepest key of path the document has (ORIGIN alone without lines)."""
     for n in range(len(path), 0, -1):
         line = lines.get(tuple(path[:n]))
@@ -209,10 +222,10 @@ def where(origin: str, lines: dict[tuple, int], path: tuple) -> str:
 _UNION_BRANCH = re.compile(r"^(function-|constrained-str|literal\[|dict\[|list\[|str$|int$|float$|bool$|none$)")
 
 
-def error_path(loc: tuple) -> tuple:
+def error_path(loc: KeyPath) -> KeyPath:
     """A pydantic error location as the document's key path: fields by the names written in the file
     (``for_`` -> ``for``), without pydantic's union-branch and validator names."""
-    out = []
+    out: list[str | int] = []
     for part in loc:
         if isinstance(part, str) and part.endswith("_") and not part.startswith("_"):
             part = part[:-1]
@@ -222,7 +235,7 @@ def error_path(loc: tuple) -> tuple:
     return tuple(out)
 
 
-def message(err: dict, path: tuple, hint: Callable[[dict, tuple], str | None] | None = None) -> str:
+def message(err: ErrorDetails, path: KeyPath, hint: Hint | None = None) -> str:
     """A pydantic error as a short sentence; ``hint`` may say it better for known keys."""
     if err["type"] == "extra_forbidden":
         return "unknown key"
@@ -233,9 +246,8 @@ def message(err: dict, path: tuple, hint: Callable[[dict, tuple], str | None] | 
     return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
 
 
-def problems(errors: list[dict], origin: str, lines: dict[tuple, int],
-             hint: Callable[[dict, tuple], str | None] | None = None,
-             locate: Callable[[tuple], tuple] | None = None) -> list[str]:
+def problems(errors: list[ErrorDetails], origin: str, lines: Lines, hint: Hint | None = None,
+             locate: Callable[[KeyPath], KeyPath] | None = None) -> list[str]:
     """One line per problem, ``ORIGIN:LINE: key.path: message``, in file order. A value that fits no branch
     of a union is reported by the branch of its own type only (a string where a mapping may also go says
     what is wrong with the string). ``locate`` rewrites a model's error location first (e.g. to drop the
@@ -258,9 +270,9 @@ def problems(errors: list[dict], origin: str, lines: dict[tuple, int],
     return sorted(out, key=lambda t: out[t])
 
 
-def validate(model: type[M], doc: Any, origin: str, lines: dict[tuple, int] | None = None,
-             error: type[FileError] = FileError, hint: Callable[[dict, tuple], str | None] | None = None,
-             context: dict | None = None, locate: Callable[[tuple], tuple] | None = None) -> M:
+def validate(model: type[M], doc: Any, origin: str, lines: Lines | None = None,
+             error: type[FileError] = FileError, hint: Hint | None = None,
+             context: dict[str, Any] | None = None, locate: Callable[[KeyPath], KeyPath] | None = None) -> M:
     """The document as ``model``, or ``error`` listing every problem with its FILE:LINE."""
     try:
         return model.model_validate(doc, context=context)
@@ -268,7 +280,7 @@ def validate(model: type[M], doc: Any, origin: str, lines: dict[tuple, int] | No
         raise error(problems(e.errors(), origin, lines or {}, hint, locate), origin) from None
 
 
-def json_schema(model: type[BaseModel], title: str) -> dict:
+def json_schema(model: type[BaseModel], title: str) -> dict[str, Any]:
     """The model's JSON Schema (draft 2020-12), keys as written in the files."""
     doc = model.model_json_schema(by_alias=True)
     doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"

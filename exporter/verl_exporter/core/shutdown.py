@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from types import FrameType
+from typing import Any, NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 20.0  # for an orderly stop, from the signal on
@@ -45,7 +47,7 @@ def stop_event(event: threading.Event | None = None, grace: float | None = None)
     if event is None:
         event = StopEvent()
 
-    def handler(signum, _frame):
+    def handler(signum: int, _frame: FrameType | None) -> None:
         if grace is not None and event.is_set():
             _exit(signum, "a second signal")
         event.set()
@@ -66,7 +68,7 @@ def _watchdog(event: threading.Event, signum: int, grace: float) -> None:
     _exit(signum, f"not stopped {grace:g} s after the signal")
 
 
-def _exit(signum: int, why: str) -> None:
+def _exit(signum: int, why: str) -> NoReturn:
     """Exit now, as a process killed by the signal would report (128 + N)."""
     with contextlib.suppress(Exception):
         sys.stdout.flush()
@@ -80,7 +82,7 @@ def exit_on_signal() -> Iterator[None]:
     """For a one-shot command (backtest, calibrate), for the length of a block: SIGINT and SIGTERM raise
     SystemExit at once, so that the command stops promptly and its clean-up still runs (a promtool child is
     killed, temporary folders go); the previous handlers are restored after it."""
-    def handler(signum, _frame):
+    def handler(signum: int, _frame: FrameType | None) -> NoReturn:
         raise SystemExit(128 + signum)
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
@@ -105,7 +107,7 @@ def stopping(event: threading.Event | None = None) -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     """Stop a child the way the commands above stop: SIGTERM, then kill -9 if it has not exited in timeout."""
     if proc.poll() is not None:
         return

@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from .atomicfile import glob_escape
 
@@ -24,13 +25,15 @@ from .atomicfile import glob_escape
 _WAITING_FILES = ("torch/distributed/",)
 MAX_VERDICT_CHARS = 600  # a robot message line, not a report: the full stacks stay in the files
 
+Doc = dict[str, Any]  # a JSON object as read: a capture, a process, a thread, a frame, a dump
 
-def python_frames(thread: dict) -> list[dict]:
+
+def python_frames(thread: Doc) -> list[Doc]:
     """A py-spy thread's Python frames, innermost first (native frames, from --native, have a module)."""
     return [f for f in thread.get("frames") or [] if isinstance(f, dict) and f.get("module") is None]
 
 
-def main_thread(threads: list[dict]) -> dict | None:
+def main_thread(threads: list[Doc]) -> Doc | None:
     """The thread a hang is judged on: MainThread when py-spy names it, else the first with Python frames."""
     with_frames = [t for t in threads if isinstance(t, dict) and python_frames(t)]
     for t in with_frames:
@@ -39,7 +42,7 @@ def main_thread(threads: list[dict]) -> dict | None:
     return with_frames[0] if with_frames else None
 
 
-def where(process: dict, depth: int = 2) -> tuple[str, str] | None:
+def where(process: Doc, depth: int = 2) -> tuple[str, str] | None:
     """(the group key, its words) of one captured process: its innermost Python function and file, with its caller
     for context; None when it has no Python stack."""
     thread = main_thread(process.get("threads") or [])
@@ -58,16 +61,17 @@ def where(process: dict, depth: int = 2) -> tuple[str, str] | None:
     return f"in:{name}:{path}", f"in {chain} ({path})"
 
 
-def _label(process: dict) -> str:
+def _label(process: Doc) -> str:
     rank = process.get("rank")
     return str(rank) if rank is not None else f"pid {process.get('pid')}"
 
 
 def ranges(labels: Iterable[str]) -> str:
     """'0-6, 9' from ranks 0..6 and 9 (labels that are not numbers follow, as they are)."""
+    labels = list(labels)  # read twice below
     numbers = sorted({int(x) for x in labels if str(x).isdigit()})
     others = sorted({x for x in labels if not str(x).isdigit()})
-    parts: list[str] = []
+    parts: list[tuple[int, int]] = []
     for n in numbers:
         if parts and parts[-1][1] == n - 1:
             parts[-1] = (parts[-1][0], n)
@@ -77,7 +81,7 @@ def ranges(labels: Iterable[str]) -> str:
     return ", ".join(text + others)
 
 
-def verdict(processes: list[dict]) -> str:
+def verdict(processes: list[Doc]) -> str:
     """One line: the ranks grouped by where they are, the biggest group first, then the odd ones out."""
     groups: dict[str, tuple[str, list[str]]] = {}
     failed: list[str] = []
@@ -111,15 +115,15 @@ def verdict(processes: list[dict]) -> str:
     return text if len(text) <= MAX_VERDICT_CHARS else text[:MAX_VERDICT_CHARS - 1] + "…"
 
 
-def merge(captures: Iterable[dict]) -> list[dict]:
+def merge(captures: Iterable[Doc]) -> list[Doc]:
     """The processes of several sidecars' captures (one per host or rank): the latest capture of each source
     counts, and a rank seen in two counts once (its latest)."""
-    latest: dict[tuple, dict] = {}
+    latest: dict[tuple[object, object, object], Doc] = {}
     for c in captures:
         source = (c.get("host"), c.get("run"), c.get("rank"))
         if source not in latest or float(c.get("time") or 0) > float(latest[source].get("time") or 0):
             latest[source] = c
-    by_rank: dict[object, dict] = {}
+    by_rank: dict[object, Doc] = {}
     for c in sorted(latest.values(), key=lambda c: float(c.get("time") or 0)):
         for p in c.get("processes") or []:
             key = p.get("rank") if p.get("rank") is not None else (c.get("host"), p.get("pid"))
@@ -127,7 +131,7 @@ def merge(captures: Iterable[dict]) -> list[dict]:
     return list(by_rank.values())
 
 
-def read_captures(paths: Iterable[str]) -> list[dict]:
+def read_captures(paths: Iterable[str]) -> list[Doc]:
     """Every capture document in these files or folders (a shared forensics directory); unreadable files skipped."""
     out = []
     for path in paths:
@@ -144,11 +148,11 @@ def read_captures(paths: Iterable[str]) -> list[dict]:
 
 # ---------------------------------------------------------------- NCCL Flight Recorder
 MAX_DUMP_BYTES = 64 * 1024 * 1024
-def read_flight_recorder(prefix: str) -> dict[int, dict]:
+def read_flight_recorder(prefix: str) -> dict[int, Doc]:
     """{rank: dump} of the JSON dumps at a path prefix (``<prefix><rank>``, as torch names them). Pickle dumps
     are not loaded: unpickling a file runs what it says."""
     p = Path(prefix)
-    out: dict[int, dict] = {}
+    out: dict[int, Doc] = {}
     for f in sorted(p.parent.glob(glob_escape(p.name) + "*")):
         digits = re.search(r"(\d+)(\.json)?$", f.name)
         if not digits or not f.is_file():
@@ -162,7 +166,7 @@ def read_flight_recorder(prefix: str) -> dict[int, dict]:
     return out
 
 
-def flight_recorder_verdict(dumps: dict[int, dict]) -> str | None:
+def flight_recorder_verdict(dumps: dict[int, Doc]) -> str | None:
     """Where the ranks' collective sequences diverge, from Flight Recorder dumps ({rank: dump}).
 
     A dump (torch's ``_dump_fr_trace_json``; the buffer is on with TORCH_FR_BUFFER_SIZE, formerly

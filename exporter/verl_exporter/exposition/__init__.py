@@ -6,9 +6,10 @@ May import: core/ and spec/. The sidecar, the trainer and the relay serve throug
 
 import importlib
 import warnings
+from typing import Any
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # verl_exporter.exposition was the encoding module before it became this package
     encode = importlib.import_module(f"{__name__}.encode")
     if hasattr(encode, name):

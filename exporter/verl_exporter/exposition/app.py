@@ -13,9 +13,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from ..core.httpserver import HttpServer, ListenError, parse_listen
 from .encode import choose_format, gzip_wanted
@@ -33,12 +36,20 @@ _INDEX = """<!doctype html><html><head><title>verl-exporter</title></head><body>
 """
 
 # A health callback returns (healthy, details); details go into the JSON body of /healthz.
-HealthFn = Callable[[], tuple[bool, dict]]
+HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
+ProblemFn = Callable[[str], None]
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+    App = Callable[[WSGIEnvironment, StartResponse], list[bytes]]  # a WSGI app of this package
+    Handler = Callable[[WSGIEnvironment, StartResponse], list[bytes] | None]  # None: not its path
+    Renderer = Callable[[bool], str]  # (openmetrics) -> exposition text
 _READ_METHODS = ("GET", "HEAD")
 _EOF = b"# EOF\n"
 
 
-def method_not_allowed(environ, start_response):
+def method_not_allowed(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes] | None:
     """405 for a method other than GET/HEAD on a read-only path, or None when the method is one of them."""
     if environ.get("REQUEST_METHOD", "GET") in _READ_METHODS:
         return None
@@ -48,15 +59,19 @@ def method_not_allowed(environ, start_response):
     return [body]
 
 
+class Collects(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
 class SafeCollector:
     """Wraps a collector so that one failing collector costs its own series, never the whole scrape."""
 
-    def __init__(self, collector, component: str, self_metrics: SelfMetrics):
+    def __init__(self, collector: Collects, component: str, self_metrics: SelfMetrics):
         self._collector = collector
         self._component = component
         self._self = self_metrics
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         try:
             families = list(self._collector.collect())
         except Exception as e:
@@ -66,12 +81,12 @@ class SafeCollector:
 
 
 def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: HealthFn, summary: str = "",
-             handlers=(), renderers=()):
+             handlers: Sequence[Handler] = (), renderers: Sequence[Renderer] = ()) -> App:
     """handlers: extra WSGI handlers (e.g. /control) that return None for paths they do not own.
     renderers: callables (openmetrics: bool) -> str whose exposition text is served after the registry's."""
     metrics = metrics_app(registry, renderers, self_metrics)
 
-    def app(environ, start_response):
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
         for handler in handlers:
             body = handler(environ, start_response)
@@ -79,42 +94,45 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
                 return body
         if path == "/metrics":
             started = time.perf_counter()
-            body = metrics(environ, start_response)
+            answer = metrics(environ, start_response)
             self_metrics.set("verl_exporter_last_scrape_duration_seconds", time.perf_counter() - started)
-            return body
+            return answer
         if path == "/healthz":
-            return health_handler(path, health)(environ, start_response)
+            return _health(health, environ, start_response)
         if path == "/":
             if refused := method_not_allowed(environ, start_response):
                 return refused
             # The run name is the user's text: escaped for HTML, and for UTF-8 (argv may hold lone surrogates).
-            body = _INDEX.format(summary=html.escape(summary)).encode("utf-8", "backslashreplace")
+            index = _INDEX.format(summary=html.escape(summary)).encode("utf-8", "backslashreplace")
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [body]
+            return [index]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found: try /metrics or /healthz\n"]
 
     return app
 
 
-def health_handler(path: str, health: HealthFn):
+def health_handler(path: str, health: HealthFn) -> Handler:
     """A WSGI handler for one health path: JSON details, 200 when healthy, 503 when not."""
 
-    def handle(environ, start_response):
-        if environ.get("PATH_INFO") != path:
-            return None
-        if refused := method_not_allowed(environ, start_response):
-            return refused
-        healthy, details = health()
-        body = json.dumps({"status": "ok" if healthy else "failing", **details}, sort_keys=True).encode()
-        start_response("200 OK" if healthy else "503 Service Unavailable",
-                       [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-        return [body]
+    def handle(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes] | None:
+        return _health(health, environ, start_response) if environ.get("PATH_INFO") == path else None
 
     return handle
 
 
-def metrics_app(registry: CollectorRegistry, renderers=(), self_metrics: SelfMetrics | None = None):
+def _health(health: HealthFn, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
+    if refused := method_not_allowed(environ, start_response):
+        return refused
+    healthy, details = health()
+    body = json.dumps({"status": "ok" if healthy else "failing", **details}, sort_keys=True).encode()
+    start_response("200 OK" if healthy else "503 Service Unavailable",
+                   [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def metrics_app(registry: CollectorRegistry, renderers: Sequence[Renderer] = (),
+                self_metrics: SelfMetrics | None = None) -> App:
     """/metrics: the registry through client_python's encoder, then the pre-rendered families.
 
     The format and gzip follow the scraper's Accept and Accept-Encoding, q-values included (q=0: never).
@@ -125,7 +143,7 @@ def metrics_app(registry: CollectorRegistry, renderers=(), self_metrics: SelfMet
         if self_metrics is not None:
             self_metrics.problem("exposition", "render", message, expected=True)
 
-    def app(environ, start_response):
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
         if refused := method_not_allowed(environ, start_response):
             return refused
         encoder, content_type = choose_format(environ.get("HTTP_ACCEPT"))
@@ -154,13 +172,13 @@ def metrics_app(registry: CollectorRegistry, renderers=(), self_metrics: SelfMet
     return app
 
 
-class _Families:
+class _Families(Collector):
     """A registry of given families, for client_python's encoder."""
 
-    def __init__(self, families):
+    def __init__(self, families: list[Metric]):
         self._families = families
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         return self._families
 
 
@@ -168,7 +186,7 @@ def _strip_eof(body: bytes) -> bytes:
     return body[: -len(_EOF)] if body.endswith(_EOF) else body
 
 
-def _encode_registry(encoder, registry, problem) -> bytes:
+def _encode_registry(encoder: Callable[[Collector], bytes], registry: Collector, problem: ProblemFn) -> bytes:
     """The registry's families without OpenMetrics' # EOF; family by family when the whole fails to encode."""
     try:
         return _strip_eof(encoder(registry))
@@ -179,7 +197,7 @@ def _encode_registry(encoder, registry, problem) -> bytes:
     except Exception as e:  # a collector not wrapped in a SafeCollector: its part is lost, not the scrape
         problem(f"collecting the registry failed: {describe(e)}")
         return b""
-    out = []
+    out: list[bytes] = []
     for fam in families:
         try:
             out.append(_strip_eof(encoder(_Families([fam]))))
@@ -190,13 +208,13 @@ def _encode_registry(encoder, registry, problem) -> bytes:
     return b"".join(out)
 
 
-def _encode_text(text: str, problem) -> bytes:
+def _encode_text(text: str, problem: ProblemFn) -> bytes:
     """UTF-8 of pre-rendered exposition text; a family that cannot be encoded is left out on its own."""
     try:
         return text.encode()
     except UnicodeEncodeError:
         pass
-    out = []
+    out: list[bytes] = []
     for family in _split_families(text):
         try:
             out.append(family.encode())

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ..spec import MetricSpec
@@ -28,7 +29,7 @@ _PREFIX_CACHE_LIMIT = 100_000
 _UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def _escape_char(m: re.Match) -> str:
+def _escape_char(m: re.Match[str]) -> str:
     code = ord(m.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
@@ -70,7 +71,7 @@ def _ranked(header: str | None) -> list[tuple[str, str]]:
     return [(name, entry) for _, _, name, entry in sorted(ranked)]
 
 
-def choose_format(accept: str | None):
+def choose_format(accept: str | None) -> tuple[Callable[[Collector], bytes], str]:
     """(encoder, content type) from client_python for the scraper's most preferred format we serve."""
     for media, entry in _ranked(accept):
         if media in ("application/openmetrics-text", "text/plain"):

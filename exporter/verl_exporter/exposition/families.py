@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..spec import MetricSpec
 
 
-def family(metric: MetricSpec, rows: Mapping[tuple[str, ...], float], const_labels: Mapping[str, str]):
+def family(metric: MetricSpec, rows: Mapping[tuple[str, ...], float], const_labels: Mapping[str, str]) -> Metric:
     """rows: {label values in the order of metric.labels: value}; const_labels are appended to each."""
     names = list(metric.labels) + list(const_labels)
     extra: Sequence[str] = list(const_labels.values())
+    fam: CounterMetricFamily | GaugeMetricFamily
     if metric.type == "counter":
         fam = CounterMetricFamily(metric.name[: -len("_total")], metric.help, labels=names)
     else:

@@ -13,6 +13,9 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
 
 from .. import __version__
 from ..spec import Spec
@@ -76,7 +79,7 @@ class SpecSeries:
         with self._lock:
             return {name: dict(series) for name, series in self._values.items()}
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshot()
         for name, metric in self._metrics.items():
             yield family(metric, snapshot[name], self._const)

@@ -6,9 +6,10 @@ sender cannot grow the series count without bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 
 from ..exposition.families import family
 from ..exposition.selfmetrics import SpecSeries
@@ -34,7 +35,7 @@ class RelayMetrics(SpecSeries):
                 return receiver
         return OTHER
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshot()
         for target, (depth, oldest) in self.queue_state().items():
             snapshot["verl_relay_queue_depth"][(target,)] = float(depth)

@@ -30,8 +30,9 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import ErrorDetails
 
-from ..core.models import FileError, StrictModel
+from ..core.models import FileError, KeyPath, StrictModel
 from ..core.models import problems as problem_lines
 
 # Alertmanager writes Go's RFC 3339 with up to nine fractional digits; datetime takes six.
@@ -233,7 +234,7 @@ class WebhookPayload(_Webhook):
         return self._repairs
 
 
-def _hint(err: dict, path: tuple) -> str | None:
+def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     if path == ("version",):
         return 'must be "4" (Alertmanager\'s webhook payload)'
     if err["type"] in ("model_type", "dict_type"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .payload import Alert
@@ -89,7 +89,7 @@ def summary_alert(members: Sequence[Alert], truncated: int = 0) -> Alert:
                  "summary-" + hashlib.sha256(ident.encode()).hexdigest()[:16])
 
 
-def _common(values) -> str:
+def _common(values: Iterable[str]) -> str:
     distinct = set(values)
     return distinct.pop() if len(distinct) == 1 else ""
 
@@ -120,11 +120,12 @@ def compact(values: Sequence[str], chars: int = LIST_CHARS) -> str:
     Values of one shape (the same text around their numbers) that differ in a single number are written
     once with that number as ranges; the rest are listed. What does not fit ends in "… +N more".
     """
-    by_shape: dict[tuple, list[_Shape]] = {}
+    by_shape: dict[tuple[tuple[str, ...], int], list[_Shape]] = {}
     for v in values:
         s = _shape(v)
         by_shape.setdefault((s.texts, len(s.numbers)), []).append(s)
-    out, used, shown = [], 0, 0
+    out: list[str] = []
+    used = shown = 0
     for shapes in sorted(by_shape.values(), key=len, reverse=True):  # the odd ones out are what is cut
         for text, n in _compress(shapes, chars - used):
             if not n or (out and used + len(text) + 2 > chars):

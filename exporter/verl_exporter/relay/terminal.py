@@ -10,6 +10,7 @@ With ``color=False`` the same lines come without escape codes (logs, files, test
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BOLD, UNDERLINE, RESET = "1", "4", "0"
@@ -45,10 +46,10 @@ class _Style:
         self.color = color
 
     def __call__(self, text: str, *codes: str | None) -> str:
-        codes = tuple(c for c in codes if c)
-        if not self.color or not codes or not text:
+        given = [c for c in codes if c]
+        if not self.color or not given or not text:
             return text
-        return f"\x1b[{';'.join(codes)}m{text}\x1b[{RESET}m"
+        return f"\x1b[{';'.join(given)}m{text}\x1b[{RESET}m"
 
 
 def visible_len(text: str) -> int:
@@ -117,7 +118,7 @@ def markdown_lines(text: str, style: _Style, robot: str) -> list[str]:
     return out
 
 
-def message_lines(payload: dict, robot: str, color: bool = False) -> tuple[str, list[str]]:
+def message_lines(payload: dict[str, Any], robot: str, color: bool = False) -> tuple[str, list[str]]:
     """(a one-line description of the message, the lines a chat shows) for a robot payload."""
     style = _Style(color)
     if "msg_type" in payload:
@@ -145,7 +146,7 @@ def message_lines(payload: dict, robot: str, color: bool = False) -> tuple[str, 
     return head, lines
 
 
-def _lark_lines(payload: dict, style: _Style) -> tuple[str, list[str]]:
+def _lark_lines(payload: dict[str, Any], style: _Style) -> tuple[str, list[str]]:
     from .format import message_text
 
     rings = ["@" + m for m in _LARK_MENTION.findall(message_text(payload))]
@@ -161,7 +162,7 @@ def _lark_lines(payload: dict, style: _Style) -> tuple[str, list[str]]:
     return head, lines
 
 
-def render(payload: dict, robot: str, color: bool = False, width: int = 100) -> str:
+def render(payload: dict[str, Any], robot: str, color: bool = False, width: int = 100) -> str:
     """The message framed for a terminal: a header line, then the chat's lines behind a bar."""
     head, lines = message_lines(payload, robot, color)
     bar = _Style(color)("│", "90")
