@@ -2,10 +2,18 @@
 // What every template shares: the knobs as the rules renderer prints them (fmt_knob: up to 12
 // significant digits, never an exponent; <knob|pct> as a percentage).
 {
+  // C's %.12g, by hand: jsonnet's own %g keeps one digit less below 1. Scaled by 10^(11-e) every value is
+  // under 2^53, so %f prints its digits exactly.
   fmt(x)::
-    local s = '%.12g' % x;
-    if std.length(std.findSubstr('e', s)) == 0 then s
-    else std.rstripChars(std.rstripChars('%.12f' % x, '0'), '.'),
+    local a = std.abs(x);
+    local e0 = if a == 0 then 0 else std.floor(std.log(a) / std.log(10));
+    local e = if std.pow(10, e0 + 1) <= a then e0 + 1 else if std.pow(10, e0) > a then e0 - 1 else e0;
+    local digits = if e < -4 then 12 else 11 - e;  // fmt_knob prints an exponent form with 12 decimals
+    local text =
+      if e >= 12 then '%d' % (std.round(a / std.pow(10, e - 11)) * std.pow(10, e - 11))
+      else if digits == 0 then '%d' % std.round(a)
+      else std.rstripChars(std.rstripChars(('%.' + digits + 'f') % a, '0'), '.');
+    (if x < 0 then '-' else '') + text,
   pct(x):: self.fmt(std.round(x * 100 * 1e10) / 1e10),
 
   values(c, t):: { selector: c.selector, runbook_url: c.runbook_url }
