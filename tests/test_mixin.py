@@ -113,3 +113,8 @@ def test_an_unknown_knob_in_config_is_an_error():
     a = next(a for a in SPEC.alerts() if a.knobs())
     with pytest.raises(RuntimeError, match=f"alerts.{a.alert}.thresholds: its knobs are"):
         evaluate({"alerts": {a.alert: {"thresholds": {"no_such_knob": 1}}}})
+
+
+def test_an_unknown_alert_in_config_is_an_error():
+    with pytest.raises(RuntimeError, match="no such alert in the pack: .*VerlRewardDrops"):
+        evaluate({"alerts": {"VerlRewardDrops": {"thresholds": {"k": 6}}}})

@@ -59,10 +59,13 @@ LIB = HEADER + """// What every template shares: the knobs as the rules renderer
     + { labels: a.labels + o.labels + { severity: o.severity },
         annotations: { summary: t.summary, description: t.description, runbook_url: t.runbook_url } },
 
-  groups(c, names, alerts):: std.filter(function(g) g.rules != [], [
-    { name: n, rules: [$.rule(c, a) for a in alerts if a.group == n && c.alerts[a.alert].enabled] }
-    for n in names
-  ]),
+  groups(c, names, alerts)::
+    local unknown = std.setDiff(std.objectFields(c.alerts), std.set([a.alert for a in alerts]));
+    assert unknown == [] : '_config.alerts: no such alert in the pack: %s' % [unknown];
+    std.filter(function(g) g.rules != [], [  // a group whose alerts are all disabled is not written
+      { name: n, rules: [$.rule(c, a) for a in alerts if a.group == n && c.alerts[a.alert].enabled] }
+      for n in names
+    ]),
 }
 """
 
