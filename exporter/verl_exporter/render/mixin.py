@@ -182,7 +182,7 @@ def _cases(spec: Spec, sentinel_spec: Spec, alert: Alert) -> str:
         knobs = {**sentinels, **{k: 0.0 for k, z in zip(zero, zeros, strict=True) if z}}
         texts = _texts(spec, sentinel_spec, alert, knobs)
         if tuple(alert.knob_values()[k] == 0 for k in zero) == zeros:
-            # the zero case's text keeps 0 where the knob was: fill it as the default would print it
+            # the case the defaults fall in must give back the default texts
             _check(spec, alert, texts)
         return "{ " + ", ".join(f"{key}: {_jsonnet(t)}" for key, t in texts.items()) + " }"
 
