@@ -1,5 +1,5 @@
 """`verl-exporter generate`: render rules, promtool tests, dashboards, Alertmanager and Kubernetes files,
-the runbook and the README's alert table from the spec. Deterministic: same spec, same bytes.
+the monitoring mixin, the runbook and the README's alert table from the spec. Deterministic: same spec, same bytes.
 
 May import: spec/ only. No runtime module (sidecar/, trainer/, relay/) imports render/.
 """
@@ -12,13 +12,14 @@ from ..spec import Spec
 from .alertmanager import render_alertmanager
 from .dashboards import render_dashboards
 from .kubernetes import render_kubernetes
+from .mixin import render_mixin
 from .prometheus import render_prometheus
 from .rules import render_rules
 from .runbook import render_runbook, update_readme
 from .victoriametrics import render_victoriametrics
 
 RENDERERS = (render_rules, render_dashboards, render_alertmanager, render_kubernetes, render_prometheus,
-             render_victoriametrics, render_runbook)
+             render_victoriametrics, render_runbook, render_mixin)
 
 
 def render_all(spec: Spec, root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
