@@ -283,7 +283,7 @@ def test_stacks_are_never_captured_unless_switched_on(tmp_path):
 def test_the_kubernetes_patch_switches_forensics_on_with_what_ptrace_needs():
     import yaml
     from verl_exporter.cli import build_parser
-    from verl_exporter.sidecar.config import build_config
+    from verl_exporter.sidecar.config import build_config, flag_values
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "docker/kubernetes/sidecar-forensics.patch.yaml").read_text())
     pod = doc["spec"]["template"]["spec"]
@@ -291,7 +291,7 @@ def test_the_kubernetes_patch_switches_forensics_on_with_what_ptrace_needs():
     assert pod["shareProcessNamespace"] is True
     assert sidecar["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
     args = vars(build_parser().parse_args(sidecar["args"]))
-    config = build_config({}, {k: v for k, v in args.items() if k not in ("command", "config", "log_level")})
+    config = build_config({}, flag_values(args))
     assert config.forensics_dir in {m["mountPath"] for m in sidecar["volumeMounts"]}
     assert {v["name"] for v in pod["volumes"]} >= {m["name"] for m in sidecar["volumeMounts"]}
 

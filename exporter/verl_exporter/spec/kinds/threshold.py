@@ -30,6 +30,8 @@ def verl_keyed(spec, metric: str, labels: dict[str, str]) -> str | None:
     m = spec[metric]
     if m.collector:
         return f"{metric} comes from the sidecar's {m.collector} collector, not from verl's logged keys"
+    if m.instrumented_by:  # e.g. the progress kept across trainer restarts, which a trainer cannot see
+        return f"{metric} is set by the pack's {m.instrumented_by} itself, not from verl's logged keys"
     if not keys_of(m, labels):
         return f"no verl key feeds {metric}{labels or ''}"
     return None
