@@ -15,7 +15,7 @@ from conftest import REPO, require_tool
 from verl_exporter.render import generate, render_all
 from verl_exporter.render.promql import all_recordings
 from verl_exporter.render.rule_tests import expand, go_printf
-from verl_exporter.spec import SpecError, load_spec, parse_spec, spec_document
+from verl_exporter.spec import SCRAPED_FROM, SpecError, load_spec, parse_spec, spec_document
 
 SPEC = load_spec()
 METRIC_RE = re.compile(r"\b((?:[a-z_]+:)?verl_[a-z0-9_]+(?::[a-z0-9_]+)?)\b")
@@ -119,7 +119,7 @@ def test_alert_rules_follow_the_conventions():
     for rule in all_rules():
         if "record" in rule:
             level, metric, ops = rule["record"].split(":")
-            assert level and ops and metric.startswith("verl_"), rule["record"]
+            assert level and ops and metric.startswith(("verl_", *(f"{e}_" for e in SCRAPED_FROM))), rule["record"]
             continue
         name = rule["alert"]
         assert re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", name)
