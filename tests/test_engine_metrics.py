@@ -7,16 +7,18 @@ integration test re-derives it from the real wheels (downloaded with pip, skippe
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 from engine_metrics import PINNED, derive, extract
-from verl_exporter.spec import load_spec
+from verl_exporter.spec import SpecError, load_spec, parse_spec
 
 EXTRACT = Path(__file__).parent / "data" / "engine_metrics.json"
 # an engine series named in PromQL: vllm:... or sglang:... (colons are legal in Prometheus metric names)
@@ -38,6 +40,35 @@ def test_the_extract_is_of_the_pinned_versions_and_complete():
     data = json.loads(EXTRACT.read_text())
     assert {p: (d["version"], d["path"], tuple(sorted(d["metrics"]))) for p, d in data.items()} == {
         p: (v, path, tuple(sorted(names))) for p, (v, path, names) in PINNED.items()}
+
+
+def _declared_labels(pkg: dict, m: dict) -> list[str]:
+    """The label names a definition gives: vLLM's shared list (labelnames=labelnames), or the names written in
+    its labelnames= (SGLang's are added to its collector's labels.keys(), which the extract does not resolve)."""
+    call = ast.parse(textwrap.dedent("\n".join(m["lines"]))).body[0].value
+    given = next(k.value for k in call.keywords if k.arg == "labelnames")
+    if isinstance(given, ast.Name):
+        shared = pkg["labelnames_source"][0].split("=", 1)[1]
+        return ast.literal_eval(shared.strip())
+    return [n.value for n in ast.walk(given) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_each_engine_entry_is_named_typed_and_labelled_as_its_engine_defines_it():
+    data = json.loads(EXTRACT.read_text())
+    defined = {m["exposed"]: (pkg, m["type"], _declared_labels(data[pkg], m))
+               for pkg, d in data.items() for m in d["metrics"].values()}
+    declared = {m.name: (m.scraped_from, m.type, list(m.labels)) for m in load_spec().metrics if m.scraped_from}
+    assert declared == defined
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"name": "vllm:x", "type": "gauge", "collector": "gpu"}, "another engine's name needs scraped_from"),
+    ({"name": "verl_x_seconds", "type": "histogram", "collector": "gpu"}, "got 'histogram'"),
+    ({"name": "sglang:x", "type": "gauge", "scraped_from": "vllm"}, "the name must start with vllm:"),
+])
+def test_engine_names_and_histograms_need_scraped_from(entry, message):
+    with pytest.raises(SpecError, match=message):
+        parse_spec({"version": 1, "metrics": [{"help": "h.", "layer": "compute", **entry}]})
 
 
 def test_every_engine_series_the_alerts_name_is_defined_by_its_engine():

@@ -27,7 +27,9 @@ from helpers import free_port
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from verl_exporter.render import render_all
+from verl_exporter.render.dashboards import ENGINES
 from verl_exporter.render.prometheus import engine_file_sd
+from verl_exporter.render.promql import ENGINE_GROUP, all_recordings
 from verl_exporter.spec import load_spec
 
 pytestmark = pytest.mark.integration
@@ -96,7 +98,7 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
     (tmp_path / "file_sd").mkdir()
     (tmp_path / "file_sd/rollout-r1.json").write_text(json.dumps(engine_file_sd(verl_written, "r1", "vllm")))
     config = yaml.safe_load(render_all(load_spec(), REPO)["docker/prometheus/prometheus.yml"])
-    config["global"].update(scrape_interval="1s", scrape_timeout="1s")
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
     config["rule_files"] = [str(REPO / "rules/verl-recording.yaml"), str(REPO / "rules/verl-alerts.yaml")]
     config.pop("alerting")
     engines = next(j for j in config["scrape_configs"] if j["job_name"] == "rollout")
@@ -126,6 +128,20 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
         assert int(buckets[0]["value"][1]) == len(ttft) + 1  # and +Inf
         assert "application/openmetrics-text" in server.formats  # the escaping case was the one scraped
         assert _query(port, 'count({__name__=~"vllm_.+"})') == []  # no name left without its colon
+        # vLLM's recordings and the engines dashboard's vLLM panels (SGLang's: no SGLang families are served)
+        recorded = [r.record for r in all_recordings(load_spec()) if r.group == ENGINE_GROUP and ":vllm_" in r.record]
+        dashboard = json.loads((REPO / f"dashboards/verl-{ENGINES}.json").read_text())
+        variables = {f"${v['name']}": v["allValue"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
+        panels = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "vllm:" in t["expr"]]
+        assert recorded and panels
+        deadline, empty = time.monotonic() + 30, ["?"]
+        while time.monotonic() < deadline and empty:
+            time.sleep(1)
+            empty = [n for n in recorded if not _query(port, n)]
+            for expr in panels:
+                runnable = re.sub(r"\$\w+", lambda m: variables.get(m[0], "5s"), expr)  # $__rate_interval: 5s
+                empty += [] if _query(port, runnable) else [expr]
+        assert not empty, f"no data: {empty}"
     finally:
         prom.terminate()
         prom.wait(timeout=30)

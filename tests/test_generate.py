@@ -15,7 +15,7 @@ from conftest import REPO, require_tool
 from verl_exporter.render import generate, render_all
 from verl_exporter.render.promql import all_recordings
 from verl_exporter.render.rule_tests import expand, go_printf
-from verl_exporter.spec import SpecError, load_spec, parse_spec, spec_document
+from verl_exporter.spec import SCRAPED_FROM, SpecError, load_spec, parse_spec, spec_document
 
 SPEC = load_spec()
 METRIC_RE = re.compile(r"\b((?:[a-z_]+:)?verl_[a-z0-9_]+(?::[a-z0-9_]+)?)\b")
@@ -119,7 +119,7 @@ def test_alert_rules_follow_the_conventions():
     for rule in all_rules():
         if "record" in rule:
             level, metric, ops = rule["record"].split(":")
-            assert level and ops and metric.startswith("verl_"), rule["record"]
+            assert level and ops and metric.startswith(("verl_", *(f"{e}_" for e in SCRAPED_FROM))), rule["record"]
             continue
         name = rule["alert"]
         assert re.fullmatch(r"Verl[A-Z][A-Za-z0-9]+", name)
@@ -156,13 +156,14 @@ def test_runbook_has_a_section_per_alert():
 
 
 # ---------------------------------------------------------------------------- dashboards
-@pytest.mark.parametrize("name", ["overview", "training", "gpu", "host"])
+@pytest.mark.parametrize("name", ["overview", "training", "gpu", "host", "engines"])
 def test_dashboards_are_importable_as_they_are(name):
     d = json.loads((REPO / f"dashboards/verl-{name}.json").read_text())
     assert d["uid"] == f"verl-{name}" and d["schemaVersion"] >= 39
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
-    assert {"job", "instance", "run", "rank"} <= set(variables)
+    # the engines' series have no rank
+    assert {"job", "instance", "run"} | ({"rank"} if name != "engines" else set()) <= set(variables)
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
     for p in d["panels"]:

@@ -224,6 +224,8 @@ def _load_spec(path):
 
 
 def cmd_spec(args) -> int:
+    from .spec import FEEDS
+
     if args.breaker:
         return _cmd_breaker(args)
     if args.knobs or args.overrides is not None or args.changed:
@@ -241,7 +243,7 @@ def cmd_spec(args) -> int:
         if m.source:
             feeds = ", ".join(s.pattern for s in m.source)
         else:
-            feeds = next(f"{k}:{getattr(m, k)}" for k in ("field", "collector", "instrumented_by") if getattr(m, k))
+            feeds = next(f"{k}:{getattr(m, k)}" for k in FEEDS if k != "source" and getattr(m, k))
         rows.append((m.name, m.type, m.unit or "-", m.layer, ",".join(m.labels) or "-", feeds))
     widths = [max(len(r[i]) for r in rows + [("name", "type", "unit", "layer", "labels", "")])
               for i in range(5)]

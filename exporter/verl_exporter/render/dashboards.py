@@ -9,7 +9,8 @@ laid out in rows, in spec order, on the 24-column grid.
 
 from __future__ import annotations
 
-from ..spec import Spec
+from ..spec import SCRAPED_FROM, Spec
+from ..spec.kinds.promql import vector
 from ..spec.panels import Panel
 from .promql import fill
 from .templating import render
@@ -21,6 +22,7 @@ TITLES = {
     "training": "verl / Training",
     "gpu": "verl / GPUs",
     "host": "verl / Host, disk and checkpoints",
+    "engines": "verl / Rollout engines",
 }
 GRAFANA_UNITS = {"seconds": "s", "bytes": "bytes", "ratio": "percentunit", "watts": "watt", "joules": "joule",
                  "celsius": "celsius", "hertz": "hertz", "bytes_per_second": "Bps", "tokens": "short",
@@ -31,10 +33,21 @@ VARIABLES = ("job", "instance", "run", "rank")
 # rank label is not on every series.
 ALL_VALUES = {"job": ".+", "instance": ".+"}
 SOURCE_OF_VARIABLES = "verl_exporter_build_info"
+# The rollout engines' series come from the engines' own targets (no rank; their job is the scrape job's), so
+# that dashboard's variables are read from those targets.
+ENGINES = "engines"
+ENGINE_VARIABLES = ("job", "instance", "run")
+ENGINE_TARGETS = f'rollout_engine=~"{"|".join(SCRAPED_FROM)}"'  # on up, the targets the scrape config labels
+
+
+def dashboard_variables(dashboard: str) -> tuple[str, ...]:
+    if dashboard == ENGINES:
+        return ENGINE_VARIABLES
+    return (*VARIABLES, "gpu") if dashboard == "gpu" else VARIABLES
 
 
 def dashboard_selector(dashboard: str, labels: tuple[str, ...]) -> str:
-    parts = [f'{v}=~"${v}"' for v in VARIABLES]
+    parts = [f'{v}=~"${v}"' for v in dashboard_variables(dashboard) if v != "gpu"]
     if dashboard == "gpu" and "gpu" in labels:
         parts.append('gpu=~"$gpu"')
     return ", ".join(parts)
@@ -136,11 +149,12 @@ def layout(spec: Spec, dashboard: str) -> list[dict]:
 def variables(dashboard: str) -> list[dict]:
     out = [{"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
             "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}]
-    chain = list(VARIABLES) + (["gpu"] if dashboard == "gpu" else [])
+    chain = dashboard_variables(dashboard)
     for i, name in enumerate(chain):
-        source = "verl_gpu_info" if name == "gpu" else SOURCE_OF_VARIABLES
+        source, base = ("verl_gpu_info", "") if name == "gpu" else ("up", ENGINE_TARGETS) if dashboard == ENGINES \
+            else (SOURCE_OF_VARIABLES, "")
         matchers = ", ".join(f'{v}=~"${v}"' for v in chain[:i])
-        query = f"label_values({source}{{{matchers}}}, {name})" if matchers else f"label_values({source}, {name})"
+        query = f"label_values({vector(source, base, matchers)}, {name})"
         out.append({"name": name, "label": "GPU" if name == "gpu" else name.title(), "type": "query",
                     "datasource": DATASOURCE, "definition": query, "query": {"query": query, "refId": f"var-{name}"},
                     "refresh": 2, "includeAll": True, "allValue": ALL_VALUES.get(name, ".*"), "multi": True, "sort": 3,

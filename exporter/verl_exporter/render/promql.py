@@ -18,6 +18,8 @@ WINDOW_GROUP = "windows"  # the recording group of per-series window aggregates,
 # The recordings written on an entry (rates of the node's kernel counters: CPU, disk) have their own group, so
 # that they run beside the training recordings instead of after them (a group's rules run one after another).
 NODE_GROUP = "node"
+# The engines' recordings likewise; their series are the engine's own (not the sidecars' job), named by it.
+ENGINE_GROUP = "engines"
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ def all_recordings(spec: Spec) -> list[Recording]:
     seen: dict[str, Recording] = {}
     for metric in spec.metrics:
         for r in metric.recordings:
-            seen.setdefault(r.record, Recording(r.record, fill(r.expr, metric.name, sel), NODE_GROUP))
+            seen.setdefault(r.record, Recording(r.record, fill(r.expr, metric.name, "" if metric.scraped_from else sel),
+                                                ENGINE_GROUP if metric.scraped_from else NODE_GROUP))
         if "cross_rank" in metric.record:
             for r in cross_rank_records(metric, sel):
                 seen.setdefault(r.record, r)

@@ -49,14 +49,19 @@ from .panels import Panel
 from .rules import PATTERN_MESSAGES, SEVERITIES, Sentence
 
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
+# Engines Prometheus scrapes itself (not the sidecar): their entries keep the engine's own names, vllm:..., and
+# may be histograms; the sidecar never exports them.
+SCRAPED_FROM = ("vllm", "sglang")
+ANY_NAME_RE = re.compile(rf"^(verl_|{'|'.join(e + ':' for e in SCRAPED_FROM)})[a-z0-9_]*[a-z0-9]$")
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 PLACEHOLDER_RE = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
 
 TYPES = ("gauge", "counter")
+SCRAPED_TYPES = (*TYPES, "histogram")
 LAYERS = ("data", "compute", "resource", "fault", "exporter")
 FIELDS = ("step", "step_time", "nonfinite")
 # What feeds a metric: exactly one of these keys of its entry.
-FEEDS = ("source", "field", "collector", "instrumented_by")
+FEEDS = ("source", "field", "collector", "instrumented_by", "scraped_from")
 # The parts of the pack that set metrics from their own code (not through a collector).
 INSTRUMENTED_BY = ("exporter", "detector", "relay")
 # Base units a name may end with (Prometheus conventions: seconds, bytes, ratios 0-1).
@@ -79,7 +84,8 @@ RECORDINGS = ("cross_rank",)
 # sample per series instead of a window of raw samples: record: [avg_over_time_10m, max_over_time_1m, ...]
 WINDOW_RECORDING = re.compile(r"(avg|max|min)_over_time_([1-9][0-9]*[mh])")
 # A recording rule written on an entry: {record: level:name:operations, expr: PromQL with <metric> and <sel>}.
-RECORDING_NAME_RE = re.compile(r"^[a-z_]+:verl_[a-z0-9_]+:[a-z0-9_]+$")
+# (an engine's series vllm:x is recorded as level:vllm_x:operations, keeping the name's three parts)
+RECORDING_NAME_RE = re.compile(rf"^[a-z_]+:({'|'.join(('verl', *SCRAPED_FROM))})_[a-z0-9_]+:[a-z0-9_]+$")
 
 DEFAULT_SPEC = "metrics"  # the packaged spec: a directory of *.yaml files, merged in name order
 # The top-level lists a spec directory's files concatenate, in file order.
@@ -202,8 +208,11 @@ class MetricSpec(StrictModel):
     """One metric: its name and meaning, what feeds it, and the alerts, panels, recordings and adaptive
     signals declared on it."""
 
-    name: Annotated[str, StringConstraints(pattern=METRIC_NAME_RE.pattern)]
-    type: Literal[TYPES]
+    # first, so that the checks of name and type see it
+    scraped_from: Literal[SCRAPED_FROM] | None = Field(
+        None, description="an engine Prometheus scrapes directly (named as it names it, never on the sidecar)")
+    name: Annotated[str, StringConstraints(pattern=ANY_NAME_RE.pattern)]
+    type: Literal[SCRAPED_TYPES]
     unit: Literal[UNITS] = Field("", description="the base unit the name ends with, or '' for a plain number")
     help: Annotated[Sentence, AfterValidator(_one_line)]
     layer: Literal[LAYERS]
@@ -233,6 +242,17 @@ class MetricSpec(StrictModel):
             raise ValueError(f"the prefix {UNMAPPED_PREFIX} is reserved for unmapped keys")
         return name
 
+    @field_validator("name")
+    @classmethod
+    def _prefix_of_its_engine(cls, name: str, info: ValidationInfo) -> str:
+        engine = info.data.get("scraped_from")
+        if engine and not name.startswith(f"{engine}:"):
+            raise ValueError(f"scraped from {engine}, the name must start with {engine}:")
+        if not engine and not METRIC_NAME_RE.match(name):
+            raise ValueError(f"must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_); another engine's "
+                             "name needs scraped_from")
+        return name
+
     @field_validator("collector")
     @classmethod
     def _a_collector(cls, collector: str | None) -> str | None:
@@ -243,6 +263,8 @@ class MetricSpec(StrictModel):
     @field_validator("type")
     @classmethod
     def _type_fits_name(cls, mtype: str, info: ValidationInfo) -> str:
+        if mtype not in TYPES and not info.data.get("scraped_from"):  # the sidecar exports none
+            raise ValueError(f"must be one of {' or '.join(map(repr, TYPES))}, got {mtype!r}")
         name = info.data.get("name")
         if name is None:  # its own problem is reported
             return mtype
@@ -333,6 +355,8 @@ class MetricSpec(StrictModel):
             out["collector"] = self.collector
         if self.instrumented_by:
             out["instrumented_by"] = self.instrumented_by
+        if self.scraped_from:
+            out["scraped_from"] = self.scraped_from
         if self.alerts:
             out["alerts"] = [a.alert for a in self.alerts]
         if self.panels:
@@ -490,9 +514,10 @@ class Spec(StrictModel):
 
 _PATTERN_MESSAGES = {
     **PATTERN_MESSAGES,
-    METRIC_NAME_RE.pattern: f"must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_)",
+    ANY_NAME_RE.pattern: f"must match {METRIC_NAME_RE.pattern} (lower case, prefix verl_), or start with "
+                         f"{' or '.join(e + ':' for e in SCRAPED_FROM)} with scraped_from",
     LABEL_NAME_RE.pattern: "must be a label name (letters, digits, _; not a digit first)",
-    RECORDING_NAME_RE.pattern: "must be a name like level:verl_name:operations",
+    RECORDING_NAME_RE.pattern: "must be a name like level:verl_name:operations (or level:vllm_name:operations)",
     RECORDING_KIND: f"record may list {list(RECORDINGS)}, <avg|max|min>_over_time_<N><m|h> and {{record, expr}} "
                     "rules",
 }

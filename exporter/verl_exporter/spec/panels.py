@@ -9,7 +9,7 @@ from pydantic import Field, PrivateAttr, StringConstraints, model_validator
 from ..core.models import StrictModel
 from .rules import Number
 
-DASHBOARDS = ("overview", "training", "gpu", "host")
+DASHBOARDS = ("overview", "training", "gpu", "host", "engines")
 PANEL_TYPES = ("timeseries", "bars", "stat", "heatmap", "bargauge", "table")
 
 
