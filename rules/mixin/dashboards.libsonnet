@@ -5,5 +5,6 @@
     'verl-training.json': import 'dashboards/verl-training.json',
     'verl-gpu.json': import 'dashboards/verl-gpu.json',
     'verl-host.json': import 'dashboards/verl-host.json',
+    'verl-engines.json': import 'dashboards/verl-engines.json',
   },
 }
