@@ -413,7 +413,7 @@ local alerts = [
     alert: "VerlRolloutQueueGrowing",
     labels: {"team": "training"},
     knobs: {},
-    texts(v, t):: { expr: "(max by (run, instance) (vllm:num_requests_waiting or sglang:num_queue_reqs) > 16 and on (run, instance) max by (run, instance) (deriv(vllm:num_requests_waiting[15m]) or deriv(sglang:num_queue_reqs[15m])) > 0) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "A rollout engine's waiting queue keeps growing.", description: "{{ $value | printf \"%.0f\" }} requests wait at the rollout engine {{ $labels.instance }} of run {{ $labels.run }}, and the queue has grown for 15 minutes.", runbook_url: v["runbook_url"] + "#verlrolloutqueuegrowing" },
+    texts(v, t):: { expr: "(max by (run, instance) (vllm:num_requests_waiting or sglang:num_queue_reqs) > 16 and on (run, instance) max by (run, instance) (deriv(vllm:num_requests_waiting[15m]) or deriv(sglang:num_queue_reqs[15m])) > 0) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "A rollout engine's waiting queue keeps growing.", description: "The waiting queue of the rollout engine {{ $labels.instance }} of run {{ $labels.run }} has grown for 15 minutes (the value is the waiting count, which keeps changing; read vllm:num_requests_waiting).", runbook_url: v["runbook_url"] + "#verlrolloutqueuegrowing" },
   },
   {
     group: "verl-exporter.cross-layer",
@@ -427,14 +427,14 @@ local alerts = [
     alert: "VerlRolloutTTFTSpike",
     labels: {"team": "training"},
     knobs: {},
-    texts(v, t):: { expr: "(histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[5m]) or rate(sglang:time_to_first_token_seconds_bucket[5m]))) > 3 * histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[1h] offset 15m) or rate(sglang:time_to_first_token_seconds_bucket[1h] offset 15m)))) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "A rollout engine's p99 time to first token tripled against its own previous hour.", description: "p99 time to first token at the rollout engine {{ $labels.instance }} of run {{ $labels.run }} is {{ $value | printf \"%.2f\" }} s, over 3 times its level of the previous hour.", runbook_url: v["runbook_url"] + "#verlrolloutttftspike" },
+    texts(v, t):: { expr: "(histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[5m]) or rate(sglang:time_to_first_token_seconds_bucket[5m]))) > 3 * histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[1h] offset 30m) or rate(sglang:time_to_first_token_seconds_bucket[1h] offset 30m)))) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "A rollout engine's p99 time to first token tripled against its own level of the hour before.", description: "p99 time to first token at the rollout engine {{ $labels.instance }} of run {{ $labels.run }} is {{ $value | printf \"%.2f\" }} s, over 3 times its level in the hour that ended 30 minutes ago.", runbook_url: v["runbook_url"] + "#verlrolloutttftspike" },
   },
   {
     group: "verl-exporter.cross-layer",
     alert: "VerlRolloutThroughputCollapse",
     labels: {"team": "training"},
     knobs: {},
-    texts(v, t):: { expr: "(sum by (run) (rate(vllm:generation_tokens_total[10m]) or rate(sglang:generation_tokens_total[10m])) < 0.3 * sum by (run) (rate(vllm:generation_tokens_total[1h] offset 15m) or rate(sglang:generation_tokens_total[1h] offset 15m))) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "The run's rollout engines together generate under 30% of their tokens per second of the previous hour.", description: "The rollout engines of run {{ $labels.run }} generate {{ $value | printf \"%.0f\" }} tokens/s, under 30% of their rate of the previous hour.", runbook_url: v["runbook_url"] + "#verlrolloutthroughputcollapse" },
+    texts(v, t):: { expr: "(sum by (run) (rate(vllm:generation_tokens_total[10m]) or rate(sglang:generation_tokens_total[10m])) < 0.3 * sum by (run) (rate(vllm:generation_tokens_total[1h] offset 30m) or rate(sglang:generation_tokens_total[1h] offset 30m))) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "The run's rollout engines together generate under 30% of their tokens per second of the hour before.", description: "The rollout engines of run {{ $labels.run }} generate {{ $value | printf \"%.0f\" }} tokens/s, under 30% of their rate in the hour that ended 30 minutes ago.", runbook_url: v["runbook_url"] + "#verlrolloutthroughputcollapse" },
   },
   {
     group: "verl-exporter.cross-layer",
