@@ -7,7 +7,7 @@ import logging
 import re
 from pathlib import Path
 
-from verl_exporter.core import selfmetrics
+from verl_exporter.exposition import selfmetrics
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.control import ControlReader
 from verl_exporter.spec import load_spec
