@@ -42,6 +42,13 @@ def main_thread(threads: list[Doc]) -> Doc | None:
     return with_frames[0] if with_frames else None
 
 
+def _module_path(frame: Doc) -> str:
+    """A frame's file as a module path: py-spy shortens by the target's sys.path, which may leave
+    site-packages/ in front (it varies with the install); the verdict must read the same everywhere."""
+    path = str(frame.get("short_filename") or frame.get("filename") or "?")
+    return re.sub(r"^.*?(?:site|dist)-packages/", "", path)
+
+
 def where(process: Doc, depth: int = 2) -> tuple[str, str] | None:
     """(the group key, its words) of one captured process: its innermost Python function and file, with its caller
     for context; None when it has no Python stack."""
@@ -50,12 +57,12 @@ def where(process: Doc, depth: int = 2) -> tuple[str, str] | None:
         return None
     frames = python_frames(thread)
     inner = frames[0]
-    path = str(inner.get("short_filename") or inner.get("filename") or "?")
+    path = _module_path(inner)
     name = str(inner.get("name") or "?")
     waiting = any(w in path for w in _WAITING_FILES)
     if waiting:  # the torch frames under the collective say nothing more: name the collective and its caller
-        outer = next((f for f in frames if not any(w in str(f.get("short_filename")) for w in _WAITING_FILES)), None)
-        caller = f", called from {outer.get('name')} ({outer.get('short_filename')})" if outer else ""
+        outer = next((f for f in frames if not any(w in _module_path(f) for w in _WAITING_FILES)), None)
+        caller = f", called from {outer.get('name')} ({_module_path(outer)})" if outer else ""
         return f"wait:{name}:{path}", f"wait in {name} ({path}){caller}"
     chain = " → ".join(reversed([str(f.get("name") or "?") for f in frames[:depth]]))
     return f"in:{name}:{path}", f"in {chain} ({path})"
