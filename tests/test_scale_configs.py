@@ -35,5 +35,8 @@ def test_replica_config_keeps_what_the_rules_and_dashboards_need():
     keep = doc["remote_write"][0]["write_relabel_configs"][0]["regex"]
     for name in ("verl_training_step", "up", "rank:verl_x:avg_over_time_1h", "job_run:verl_x:avg"):
         assert re.fullmatch(keep, name), name
-    recorded = [r.record for r in all_recordings(load_spec())]
+    spec = load_spec()
+    recorded = [r.record for r in all_recordings(spec)]
     assert [name for name in recorded if not re.fullmatch(keep, name)] == []  # every recording rule is kept
+    # and every series the rules read, the rollout engines' scraped ones included
+    assert [m.name for m in spec.metrics if not re.fullmatch(keep, m.name)] == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -86,7 +87,8 @@ def stack(tmp_path_factory):
     try:
         # -- the sidecar, following a replayed run up to just after the NaN steps, plus one garbage line
         log = root / "verl.jsonl"
-        log.write_bytes(b"".join(with_every_verl_key(demo_lines()[:240])) + b"this line is garbage\n")
+        lines = with_every_verl_key(demo_lines()[:240])
+        log.write_bytes(b"".join(lines[:-2]) + b"this line is garbage\n")
         ckpt = checkpoint_dir(root)
         sport = free_port()
         sidecar_url = f"http://127.0.0.1:{sport}"
@@ -95,8 +97,13 @@ def stack(tmp_path_factory):
             "--verl-log", str(log), "--checkpoint-dir", str(ckpt), "--checkpoint-verify", "--run", "demo",
             "--rank", "0", "--gpus", "all", "--interval", "0.5", "--slow-interval", "2",
             "--trainer-pid", str(os.getpid()), "--control-token-env", "VERL_CTL",
-            "--forensics-dir", str(root / "forensics"), "--no-forensics-native"], env={"VERL_CTL": CONTROL_TOKEN}))
+            "--forensics-dir", str(root / "forensics"), "--no-forensics-native",
+            "--state-dir", str(root / "state"), "--planned-steps", "300"], env={"VERL_CTL": CONTROL_TOKEN}))
         wait_for(lambda: ready(sidecar_url + "/healthz", procs[-1]), timeout=30)
+        for line in lines[-2:]:  # two steps seen live, a second apart: the step time the ETA needs
+            time.sleep(1.1)
+            with log.open("ab") as f:
+                f.write(line)
         # one stack capture of this process (real py-spy), so the dashboards' forensics panel has its series
         status, answer = post_json(sidecar_url + "/control/forensics", b"{}",
                                    {"Authorization": f"Bearer {CONTROL_TOKEN}"}, timeout=60)
