@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from datetime import timezone, tzinfo
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NoReturn, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -31,10 +31,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
+from typing_extensions import Self
 
-from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate
+from ..core.models import FileError, KeyPath, Lines, StrictModel, json_schema, read_yaml, validate
 from ..exposition.app import parse_listen
 from ..spec import RulesConfig
+
+if TYPE_CHECKING:
+    from .senders import SendResult
 
 ROBOT_TYPES = ("dingtalk", "wecom", "lark")
 # A console target sends nothing: it writes each message as its `style` robot would show it (previews, the demo).
@@ -76,7 +81,7 @@ class Secret(SecretStr):
     def __repr__(self) -> str:
         return "<secret>"
 
-    def __reduce__(self):  # pickling would copy the value somewhere we do not control
+    def __reduce__(self) -> NoReturn:  # pickling would copy the value somewhere we do not control
         raise TypeError("a Secret cannot be pickled")
 
 
@@ -85,7 +90,7 @@ class Secret(SecretStr):
 class Matcher:
     label: str
     value: str
-    regex: re.Pattern | None = None
+    regex: re.Pattern[str] | None = None
 
     def matches(self, labels: dict[str, str]) -> bool:
         got = labels.get(self.label, "")
@@ -111,9 +116,9 @@ class Delivery(StrictModel):
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based): doubling, capped."""
-        return min(self.initial_backoff_seconds * 2 ** (attempt - 1), self.max_backoff_seconds)
+        return min(self.initial_backoff_seconds * 2.0 ** (attempt - 1), self.max_backoff_seconds)
 
-    def should_retry(self, result, attempt: int, elapsed: float) -> bool:
+    def should_retry(self, result: SendResult, attempt: int, elapsed: float) -> bool:
         """Retry a retryable failure while attempts and the total time per message allow it."""
         return (result.retryable and attempt < self.max_attempts
                 and elapsed + self.backoff(attempt) <= self.max_retry_seconds)
@@ -122,7 +127,7 @@ class Delivery(StrictModel):
 # ---------------------------------------------------------------------------------------------- the file
 # Validation context (parse_config): base_dir for relative paths, environ for *_env, secrets_needed (False for
 # --preview: a secret that cannot be read is then an empty placeholder), targets (the names the file defines).
-def _context(info: ValidationInfo) -> dict:
+def _context(info: ValidationInfo) -> dict[str, Any]:
     return info.context or {"base_dir": Path("."), "environ": os.environ, "secrets_needed": True}
 
 
@@ -187,7 +192,7 @@ def _spool_dir(name: str, info: ValidationInfo) -> Path:
     return path
 
 
-def _match_value(value: Any) -> str | re.Pattern:
+def _match_value(value: Any) -> str | re.Pattern[str]:
     """A label value to match exactly, or {regex: ...} to full-match."""
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
@@ -199,6 +204,11 @@ def _match_value(value: Any) -> str | re.Pattern:
     raise ValueError('must be a value or {regex: "..."}')
 
 
+T = TypeVar("T")
+if TYPE_CHECKING:  # what a model holds: a tuple
+    Listed = tuple[T, ...]
+else:  # what the file gives: a list (strict validation takes no tuple from YAML)
+    Listed = Annotated[list[T], AfterValidator(tuple)]
 PathText = Annotated[str, StringConstraints(min_length=1)]
 EnvSecret = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"), AfterValidator(_env_secret)]
 FileSecret = Annotated[PathText, AfterValidator(_file_secret)]
@@ -215,11 +225,14 @@ MatchValue = Annotated[Any, PlainValidator(_match_value), WithJsonSchema({"anyOf
      "additionalProperties": False, "description": "a regex the whole value must match"}]})]
 
 
-def _matchers(raw: dict[str, str | re.Pattern]) -> tuple[Matcher, ...]:
+def _matchers(raw: dict[str, str | re.Pattern[str]]) -> tuple[Matcher, ...]:
     return tuple(Matcher(k, v.pattern, v) if isinstance(v, re.Pattern) else Matcher(k, v) for k, v in raw.items())
 
 
-Matchers = Annotated[dict[LabelName, MatchValue], AfterValidator(_matchers)]  # as a tuple of Matcher
+if TYPE_CHECKING:
+    Matchers = tuple[Matcher, ...]
+else:  # given as {label: value or {regex: ...}}
+    Matchers = Annotated[dict[LabelName, MatchValue], AfterValidator(_matchers)]
 
 
 class _Secrets(StrictModel):
@@ -228,7 +241,7 @@ class _Secrets(StrictModel):
     _required: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="after")
-    def _one_source(self):
+    def _one_source(self) -> Self:
         for stem in ("token", "secret", "bearer_token"):
             env, file = f"{stem}_env", f"{stem}_file"
             if env not in type(self).model_fields:
@@ -241,7 +254,15 @@ class _Secrets(StrictModel):
         return self
 
     def secret_of(self, stem: str) -> Secret | None:
-        return getattr(self, f"{stem}_env", None) or getattr(self, f"{stem}_file", None)
+        secret: Secret | None = getattr(self, f"{stem}_env", None) or getattr(self, f"{stem}_file", None)
+        return secret
+
+    def required_secret(self, stem: str) -> Secret:
+        """A secret of ``_required``, which validation made sure is given."""
+        secret = self.secret_of(stem)
+        if secret is None:
+            raise RuntimeError(f"{stem} was not validated")
+        return secret
 
 
 class _Token(_Secrets):
@@ -254,11 +275,11 @@ class _Token(_Secrets):
 class _TargetBase(StrictModel):
     """What every target has: a console target formats exactly as its robot."""
 
-    mention_mobiles: Annotated[list[Mobile], AfterValidator(tuple)] = Field(
+    mention_mobiles: Listed[Mobile] = Field(
         default_factory=tuple, description="mobiles @-mentioned (DingTalk; WeCom in text messages)")
-    mention_severities: Annotated[list[Severity], AfterValidator(tuple)] = Field(
+    mention_severities: Listed[Severity] = Field(
         ("critical",), description="mention only when a firing alert of these severities is in the message")
-    mention_all_severities: Annotated[list[Severity], AfterValidator(tuple)] = Field(
+    mention_all_severities: Listed[Severity] = Field(
         default_factory=tuple, description="@all for these severities")
     format: Literal["markdown", "text"] = "markdown"
     rate_per_minute: int = Field(20, ge=1, le=20, description="messages a minute; over 20 DingTalk locks the "
@@ -270,6 +291,18 @@ class _TargetBase(StrictModel):
     # these is not linked), given by the RelayConfig that holds it.
     _name: str = PrivateAttr("")
     _runbook_urls: tuple[str, ...] = PrivateAttr(DEFAULT_RUNBOOK_URLS)
+
+    if TYPE_CHECKING:  # declared by each kind of target
+        type: str
+
+        @property
+        def style(self) -> str: ...
+
+        @property
+        def token(self) -> Secret: ...
+
+        @property
+        def secret(self) -> Secret | None: ...
 
     @property
     def name(self) -> str:
@@ -288,7 +321,7 @@ class _TargetBase(StrictModel):
         """The robot whose message format this target uses (dingtalk or wecom)."""
         return self.style or self.type
 
-    def as_robot(self) -> Target:
+    def as_robot(self) -> Self:
         """This target as its robot for formatting: a console target formats exactly as its `style` robot."""
         return self.model_copy(update={"type": self.style}) if self.type == "console" else self
 
@@ -303,7 +336,7 @@ class _Robot(_TargetBase, _Token):
 
     @property
     def token(self) -> Secret:
-        return self.secret_of("token")
+        return self.required_secret("token")
 
     @property
     def secret(self) -> Secret | None:
@@ -337,7 +370,7 @@ class WeComTarget(_Robot):
     KIND: ClassVar[str] = "wecom"
     type: Literal["wecom"]
     url: HttpUrl = Field(DEFAULT_URLS["wecom"], description="the robot's endpoint, without key")
-    mention_userids: Annotated[list[UserId], AfterValidator(tuple)] = Field(default_factory=tuple,
+    mention_userids: Listed[UserId] = Field(default_factory=tuple,
                                                                             description="user ids @-mentioned")
 
 
@@ -350,11 +383,11 @@ class LarkTarget(_Robot):
     url: HttpUrl = Field(DEFAULT_URLS["lark"], description="the webhook without its token: .../open-apis/bot/v2/hook")
     secret_env: EnvSecret | None = Field(None, description="the environment variable holding the signing secret")
     secret_file: FileSecret | None = Field(None, description="the file holding the signing secret")
-    mention_userids: Annotated[list[UserId], AfterValidator(tuple)] = Field(
+    mention_userids: Listed[UserId] = Field(
         default_factory=tuple, description="open_ids (ou_...) @-mentioned")
 
     @model_validator(mode="after")
-    def _no_mobiles(self):
+    def _no_mobiles(self) -> Self:
         if self.mention_mobiles:
             raise ValueError("a Lark custom bot cannot mention by mobile; use mention_userids (open_ids)")
         return self
@@ -376,7 +409,7 @@ class ConsoleTarget(_TargetBase):
     show: Literal["rendered", "body"] = Field("rendered", description="as the chat shows it, or the JSON body")
     color: Literal["auto", "always", "never"] = "auto"
     file: Annotated[PathText, AfterValidator(_console_file)] | None = Field(None, description="default: stdout")
-    mention_userids: Annotated[list[UserId], AfterValidator(tuple)] = Field(
+    mention_userids: Listed[UserId] = Field(
         default_factory=tuple, description="user ids @-mentioned (style wecom; open_ids for style lark)")
     url: ClassVar[str] = ""  # it sends nothing: no endpoint, no secrets
     secret: ClassVar[None] = None
@@ -386,7 +419,7 @@ class ConsoleTarget(_TargetBase):
         return Secret("", "none (console)")
 
     @model_validator(mode="after")
-    def _userids(self):
+    def _userids(self) -> Self:
         if self.mention_userids and self.style == "dingtalk":
             raise ValueError("mention_userids is for WeCom; DingTalk robots mention by mobile")
         return self
@@ -404,11 +437,11 @@ class Route(StrictModel):
     continue_: bool = Field(False, alias="continue", description="let the routes below apply too")
 
     @model_validator(mode="after")
-    def _known_targets(self, info: ValidationInfo):
+    def _known_targets(self, info: ValidationInfo) -> Self:
         known = (info.context or {}).get("targets")
-        unknown = [t for t in self.targets if known is not None and t not in known]
+        unknown = [] if known is None else [t for t in self.targets if t not in known]
         if unknown:
-            raise ValueError(f"unknown target(s) {unknown} (targets: {sorted(known)})")
+            raise ValueError(f"unknown target(s) {unknown} (targets: {sorted(known or ())})")
         return self
 
     def matches(self, receiver: str, labels: dict[str, str]) -> bool:
@@ -430,7 +463,7 @@ class Action(_Token):
 
     @property
     def token(self) -> Secret:
-        return self.secret_of("token")
+        return self.required_secret("token")
 
     def matches(self, labels: dict[str, str]) -> bool:
         return all(m.matches(labels) for m in self.matchers)
@@ -450,17 +483,17 @@ class RelayConfig(_Secrets):
                                                           "alert, 200 x ~2.2 KB in the generated config")
     spool_dir: Annotated[PathText, AfterValidator(_spool_dir)] | None = Field(
         None, description="journal of accepted alerts and leftovers at shutdown, resent at the next start")
-    runbook_urls: Annotated[list[HttpUrl], AfterValidator(tuple)] = Field(
+    runbook_urls: Listed[HttpUrl] = Field(
         DEFAULT_RUNBOOK_URLS, description="an alert's runbook_url is a link only under one of these "
         "(same scheme, host and port; the path at or below); any other is shown as plain text. Default: the "
         "generated rules' runbook")
     timezone: str = Field("UTC", description="IANA zone of the times in messages, e.g. Asia/Shanghai")
     delivery: Delivery = Field(default_factory=Delivery)
     targets: dict[Name, Target] = Field(min_length=1, description="robots (and consoles) by name")
-    routes: Annotated[list[Route], AfterValidator(tuple)] = Field(
+    routes: Listed[Route] = Field(
         min_length=1, description="evaluated per alert, in order; the first match decides unless it says "
                                   "continue: true")
-    actions: Annotated[list[Action], AfterValidator(tuple)] = Field(
+    actions: Listed[Action] = Field(
         default_factory=tuple, description="checkpoint, stop and forensics requests")
 
     @field_validator("listen")
@@ -516,7 +549,7 @@ class RelayConfig(_Secrets):
         return values
 
 
-def _hint(err: dict, path: tuple) -> str | None:
+def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     kind, last = err["type"], (path[-1] if path else "")
     if kind == "union_tag_invalid":
         return f"type must be one of {list(TARGET_TYPES)}, got {err['ctx']['tag']!r}"
@@ -536,7 +569,7 @@ def _hint(err: dict, path: tuple) -> str | None:
     return None
 
 
-def _untagged(loc: tuple) -> tuple:
+def _untagged(loc: KeyPath) -> KeyPath:
     """A location without the target type pydantic puts after the target's name."""
     if len(loc) > 2 and loc[0] == "targets" and loc[2] in TARGET_TYPES:
         return loc[:2] + loc[3:]
@@ -545,7 +578,7 @@ def _untagged(loc: tuple) -> tuple:
 
 def parse_config(doc: Any, base_dir: Path | str = ".", environ: dict[str, str] | None = None,
                  origin: str = "relay config", secrets_needed: bool = True,
-                 lines: dict[tuple, int] | None = None) -> RelayConfig:
+                 lines: Lines | None = None) -> RelayConfig:
     """Validate a parsed YAML document; RelayConfigError listing every problem otherwise.
 
     Relative paths (token files, templates, spool_dir) are taken relative to base_dir (the config's folder).
@@ -564,6 +597,6 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None, secrets
     return parse_config(doc, Path(path).parent, environ, str(path), secrets_needed, lines)
 
 
-def schema() -> dict:
+def schema() -> dict[str, Any]:
     """The JSON Schema of a relay config file."""
     return json_schema(RelayConfig, "verl-exporter relay config (relay.yaml)")
