@@ -31,11 +31,15 @@ import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime, timezone
+from typing import Any
 
 from .config import Action
+from .metrics import RelayMetrics
 from .nofollow import OPENER
+from .payload import Alert
 
 EVIDENCE_ALERT = "VerlHangForensics"
 
@@ -43,13 +47,17 @@ log = logging.getLogger(__name__)
 
 # Cooldown entries kept at most (oldest dropped first): a flood of distinct alerts cannot grow memory.
 MAX_COOLDOWN_KEYS = 10_000
+# A sidecar's JSON answer to a control request.
+Answer = dict[str, Any]
 
 
 class ActionRunner:
     """Calls the control endpoint for matching firing alerts, off the webhook's thread."""
 
-    def __init__(self, actions: tuple[Action, ...], metrics, clock=time.monotonic, timeout: float = 10.0,
-                 attempts: int = 3, sleep=time.sleep, on_evidence=None):
+    def __init__(self, actions: tuple[Action, ...], metrics: RelayMetrics,
+                 clock: Callable[[], float] = time.monotonic, timeout: float = 10.0, attempts: int = 3,
+                 sleep: Callable[[float], object] = time.sleep,
+                 on_evidence: Callable[[str, Alert, Answer], None] | None = None):
         """on_evidence(receiver, alert, answer): a forensics action's answer (verdict, path), to be paged."""
         self.actions = actions
         self._on_evidence = on_evidence
@@ -62,17 +70,17 @@ class ActionRunner:
         self._last: OrderedDict[tuple[int, str], float] = OrderedDict()
         self._max_cooldown = max((a.cooldown_seconds for a in actions), default=0.0)
         self._lock = threading.Lock()  # webhooks arrive on several threads
-        self._queue: queue.Queue = queue.Queue(maxsize=1000)
+        self._queue: queue.Queue[tuple[Action, Alert, str]] = queue.Queue(maxsize=1000)
         self._thread = threading.Thread(target=self._run, name="verl-relay-actions", daemon=True)
         if actions:
             self._thread.start()
 
-    def consider(self, alerts, receiver: str = "") -> None:
+    def consider(self, alerts: Iterable[Alert], receiver: str = "") -> None:
         """Queue the actions that firing alerts of one webhook call for (deduplicated by cooldown)."""
         with self._lock:
             self._consider(alerts, receiver)
 
-    def _consider(self, alerts, receiver: str) -> None:
+    def _consider(self, alerts: Iterable[Alert], receiver: str) -> None:
         self._prune(self._clock())
         for alert in alerts:
             if alert.status != "firing":
@@ -111,7 +119,7 @@ class ActionRunner:
                 result = "failed"
             self._metrics.inc("verl_relay_actions_total", action=act.action, result=result)
 
-    def _call(self, act: Action, alertname: str) -> tuple[str, dict]:
+    def _call(self, act: Action, alertname: str) -> tuple[str, Answer]:
         body = json.dumps({"reason": alertname}).encode()
         where = f"{act.url}/control/{act.action}"
         for attempt in range(1, self._attempts + 1):
@@ -155,7 +163,7 @@ class ActionRunner:
         return "failed", {}
 
 
-def evidence_alert(alert, answer: dict):
+def evidence_alert(alert: Alert, answer: Answer) -> Alert:
     """The page a forensics answer becomes: the alert's labels under its own name, the verdict as its text.
 
     The sidecar's answer is data from the node: format.py escapes it and keeps it within the robots' limits."""

@@ -14,6 +14,8 @@ import logging
 import re
 import sys
 import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..core.auth import bearer_token_ok
 from ..core.httpserver import HttpServer
@@ -22,8 +24,13 @@ from .actions import ActionRunner, evidence_alert
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull
 from .metrics import RelayMetrics
-from .payload import Alert, PayloadError, parse_payload
+from .payload import Alert, PayloadError, WebhookPayload, parse_payload
 from .senders import Sender, scrub
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+Json = dict[str, Any]  # an answer's JSON body
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +51,9 @@ class RelayApp:
         self.draining = False
         self._metrics_app = metrics_app(metrics.registry())
         # Called with (receiver, payload) for each valid webhook before it is queued (the demo prints them).
-        self.on_webhook = None
+        self.on_webhook: Callable[[str, WebhookPayload], None] | None = None
 
-    def __call__(self, environ, start_response):
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
         method = environ.get("REQUEST_METHOD", "GET")
         if path == "/metrics":
@@ -58,7 +65,7 @@ class RelayApp:
         code, body = self._webhook(environ, path, method)
         return _json(start_response, code, body, [("Allow", "POST")] if code == 405 else [])
 
-    def _webhook(self, environ, path: str, method: str) -> tuple[int, dict]:
+    def _webhook(self, environ: WSGIEnvironment, path: str, method: str) -> tuple[int, Json]:
         m = _PATH_RE.match(path)
         receiver = m.group(1) if m else ""
         known = bool(receiver) and self.config.knows_receiver(receiver)
@@ -76,7 +83,7 @@ class RelayApp:
             log.warning("webhook %s: %d %s%s", label, code, body.get("error", ""), f": {detail}" if detail else "")
         return code, body
 
-    def _handle(self, environ, receiver: str, known: bool, method: str) -> tuple[int, dict]:
+    def _handle(self, environ: WSGIEnvironment, receiver: str, known: bool, method: str) -> tuple[int, Json]:
         if method != "POST":
             return 405, {"error": "use POST"}
         try:
@@ -132,14 +139,14 @@ class RelayApp:
     def _rejected(self, reason: str) -> None:
         self.metrics.inc("verl_relay_rejected_payloads_total", reason=reason)
 
-    def _authorized(self, environ) -> bool:
+    def _authorized(self, environ: WSGIEnvironment) -> bool:
         token = self.config.bearer_token
         if token is None:
             return True
         return bearer_token_ok(environ.get("HTTP_AUTHORIZATION"), token.get_secret_value())
 
-    def _health(self, start_response):
-        targets = {}
+    def _health(self, start_response: StartResponse) -> list[bytes]:
+        targets: dict[str, Json] = {}
         for name, w in self.dispatcher.workers.items():
             depth, oldest = w.state()
             targets[name] = {"type": w.target.type, "queue_depth": depth, "oldest_queued_seconds": round(oldest, 3),
@@ -149,7 +156,7 @@ class RelayApp:
                      {"status": "ok" if healthy else "draining", "targets": targets})
 
 
-def _discard(environ, length: int, cap: int) -> None:
+def _discard(environ: WSGIEnvironment, length: int, cap: int) -> None:
     """Read (and drop) a refused body, up to cap, so the client can read our answer instead of a reset."""
     left = min(length, cap)
     stream = environ["wsgi.input"]
@@ -161,7 +168,8 @@ def _discard(environ, length: int, cap: int) -> None:
             left -= len(chunk)
 
 
-def _json(start_response, code: int, body: dict, extra_headers=()):
+def _json(start_response: StartResponse, code: int, body: Json,
+          extra_headers: Sequence[tuple[str, str]] = ()) -> list[bytes]:
     data = json.dumps(body, sort_keys=True).encode()
     start_response(f"{code} {_REASONS.get(code, '')}",
                    [("Content-Type", "application/json"), ("Content-Length", str(len(data))), *extra_headers])
@@ -211,7 +219,7 @@ class Relay:
         self._server: HttpServer | None = None
         self._stopped = threading.Event()
 
-    def _evidence(self, receiver: str, alert: Alert, answer: dict) -> None:
+    def _evidence(self, receiver: str, alert: Alert, answer: Json) -> None:
         """Page a forensics action's answer: the verdict and where the dumps are, as an alert of its own."""
         try:
             self.dispatcher.submit(receiver, [evidence_alert(alert, answer)])

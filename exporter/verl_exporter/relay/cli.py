@@ -14,7 +14,7 @@ DESCRIPTION = ("Relay Alertmanager webhooks (POST /alert/<receiver>) to DingTalk
                "within their rate and size limits. Also serves /healthz and /metrics.")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = subparsers.add_parser("relay", help="relay Alertmanager webhooks to DingTalk / WeCom group robots",
                               description=DESCRIPTION)
     _flags(p)
@@ -32,7 +32,7 @@ def _flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--body", action="store_true", help="with --preview: print the exact JSON bodies instead")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..core.httpserver import ListenError, parse_listen
     from ..core.shutdown import GRACE_S, stop_event
     from .app import Relay
@@ -92,7 +92,7 @@ def run(args) -> int:
     return 0
 
 
-def _preview(args) -> int:
+def _preview(args: argparse.Namespace) -> int:
     import os
 
     from .config import RelayConfigError, load_config

@@ -210,8 +210,16 @@ if TYPE_CHECKING:  # what a model holds: a tuple
 else:  # what the file gives: a list (strict validation takes no tuple from YAML)
     Listed = Annotated[list[T], AfterValidator(tuple)]
 PathText = Annotated[str, StringConstraints(min_length=1)]
-EnvSecret = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"), AfterValidator(_env_secret)]
-FileSecret = Annotated[PathText, AfterValidator(_file_secret)]
+if TYPE_CHECKING:  # what the validators below make of the text
+    EnvSecret = Secret
+    FileSecret = Secret
+    ConsoleFile = Path
+    SpoolDir = Path
+else:
+    EnvSecret = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$"), AfterValidator(_env_secret)]
+    FileSecret = Annotated[PathText, AfterValidator(_file_secret)]
+    ConsoleFile = Annotated[PathText, AfterValidator(_console_file)]
+    SpoolDir = Annotated[PathText, AfterValidator(_spool_dir)]
 TemplateFile = Annotated[PathText, AfterValidator(_template)]
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
@@ -408,7 +416,7 @@ class ConsoleTarget(_TargetBase):
     style: Literal["dingtalk", "wecom", "lark"] = Field("dingtalk", description="the robot whose format to show")
     show: Literal["rendered", "body"] = Field("rendered", description="as the chat shows it, or the JSON body")
     color: Literal["auto", "always", "never"] = "auto"
-    file: Annotated[PathText, AfterValidator(_console_file)] | None = Field(None, description="default: stdout")
+    file: ConsoleFile | None = Field(None, description="default: stdout")
     mention_userids: Listed[UserId] = Field(
         default_factory=tuple, description="user ids @-mentioned (style wecom; open_ids for style lark)")
     url: ClassVar[str] = ""  # it sends nothing: no endpoint, no secrets
@@ -481,7 +489,7 @@ class RelayConfig(_Secrets):
     max_body_bytes: int = Field(MiB, ge=1024, description="larger webhook bodies get 413 (Alertmanager retries "
                                                           "them in vain): keep it over max_alerts x the largest "
                                                           "alert, 200 x ~2.2 KB in the generated config")
-    spool_dir: Annotated[PathText, AfterValidator(_spool_dir)] | None = Field(
+    spool_dir: SpoolDir | None = Field(
         None, description="journal of accepted alerts and leftovers at shutdown, resent at the next start")
     runbook_urls: Listed[HttpUrl] = Field(
         DEFAULT_RUNBOOK_URLS, description="an alert's runbook_url is a link only under one of these "

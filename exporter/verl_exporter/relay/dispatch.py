@@ -118,7 +118,7 @@ class TargetWorker:
         self.last_success: float | None = None
         self.journal: Journal | None = None
 
-    def _settled(self, items) -> None:
+    def _settled(self, items: list[Queued]) -> None:
         """These alerts are delivered, given up or replaced: the journal need not resend them."""
         if self.journal is not None:
             self.journal.done([q.jid for q in items])
@@ -235,7 +235,7 @@ class TargetWorker:
                   type(e).__name__, str(e)[:200])
         log.debug("target %s: why the alert cannot be formatted", self.target.name, exc_info=e)
 
-    def _pack(self, alerts: list[Alert]):
+    def _pack(self, alerts: list[Alert]) -> tuple[Message, int]:
         try:
             return pack(alerts, self.robot_target, self.tz)
         except Exception as e:  # a user template that fails on this alert: the default one still works
@@ -288,6 +288,8 @@ class TargetWorker:
     def _deliver(self, batch: list[Queued]) -> bool:
         """Attempt the built message until it is sent or given up; False when stopped midway."""
         name, message = self.target.name, self._message
+        if message is None:
+            raise RuntimeError("no message was built for the batch")
         started = time.monotonic()
         attempt = 0
         while True:
@@ -465,10 +467,10 @@ class Dispatcher:
         The spool files are removed only once their alerts are in the rewritten journal, and a journal entry
         only once its alert is delivered (or given up): a relay killed at any point resends, never loses.
         OSError when spool_dir cannot be used (the relay must not run believing it keeps alerts)."""
-        if self.journal is None:
+        spool_dir = self.config.spool_dir
+        if self.journal is None or spool_dir is None:  # a journal only with a spool_dir
             return 0
         self.journal.acquire()  # one relay per spool_dir, before anything in it is read
-        spool_dir = self.config.spool_dir
         paths = sorted(spool_dir.glob(f"{SPOOL_PREFIX}*.json")) if spool_dir.is_dir() else []
         now = time.monotonic()
         loaded = 0
@@ -507,20 +509,21 @@ class Dispatcher:
             log.info("resending %d alert(s) from the spool", loaded)
         return loaded
 
-    def _requeue(self, source: str, entry, now: float) -> int:
+    def _requeue(self, source: str, entry: object, now: float) -> int:
         problems: list[str] = []
         repairs: list[Repair] = []
         entry = entry if isinstance(entry, dict) else {}
         alert = parse_alert("spooled alert", entry.get("alert"), problems, repairs)
-        target = entry.get("target")
-        known = isinstance(target, str) and target in self.workers
+        given = entry.get("target")
+        target = given if isinstance(given, str) else ""  # no target is named "" (config.Name)
+        known = target in self.workers
         if alert is not None and known:
             why = unrenderable(alert, self.tz)
             problems += [f"it cannot be formatted ({why})"] if why else []
         if alert is None or not known or problems:
             self.metrics.inc("verl_relay_alerts_total", target=target if known else "", result="failed")
             log.error("%s: an entry cannot be resent (%s)", source,
-                      "; ".join(problems) or f"target {str(target)[:100]!r} is not configured")
+                      "; ".join(problems) or f"target {str(given)[:100]!r} is not configured")
             return 0
         for r in repairs:
             self.metrics.inc("verl_relay_repaired_values_total", reason=r.reason)

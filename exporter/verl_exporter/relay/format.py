@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from functools import lru_cache
@@ -28,6 +28,10 @@ from jinja2.sandbox import SandboxedEnvironment
 from .config import Target
 from .payload import Alert
 from .summary import weight
+
+Payload = dict[str, Any]  # a robot message's JSON body
+Limits = dict[str, int]  # size limits by robot (and WeCom kind), in place of the robots' own (tests shrink them)
+ViewCache = dict[tuple[int, int], "AlertView"]  # (id(alert), shrink): the alert's view
 
 # Byte limits of the robot APIs: DingTalk counts the whole JSON body, WeCom the content string.
 DINGTALK_MAX_BODY = 20000
@@ -103,11 +107,11 @@ def _no_scheme(text: str) -> str:
     return text.replace(":", "：")
 
 
-def _defang_host(m: re.Match) -> str:
+def _defang_host(m: re.Match[str]) -> str:
     last = m.group().rsplit(".", 1)[1]
     if (len(last) >= 2 and last.isalpha()) or last.lower().startswith("xn--"):
-        return m.group().replace(".", "·")
-    return m.group()
+        return str(m.group()).replace(".", "·")
+    return str(m.group())
 
 
 def clip(text: str, chars: int) -> str:
@@ -341,12 +345,13 @@ def check_template(source: str) -> None:
         for compact in (False, True):
             template.render(**_context(_sample_alerts(), "dingtalk", timezone.utc, compact))
     except jinja2.TemplateError as e:
-        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        lineno = getattr(e, "lineno", None)  # a syntax error's; not every TemplateError has one
+        where = f" (line {lineno})" if lineno else ""
         raise TemplateError(f"template does not render{where}: {e.message or e}") from None
 
 
 def _context(alerts: Sequence[Alert], target_type: str, tz: tzinfo, compact: bool,
-             shrink: int = 0, cache: dict | None = None, runbooks: Sequence[str] = ()) -> dict[str, Any]:
+             shrink: int = 0, cache: ViewCache | None = None, runbooks: Sequence[str] = ()) -> dict[str, Any]:
     # shrink > 0 shortens free text, for the one alert that is too big for a message on its own.
     caps = [(DESCRIPTION_CHARS, SUMMARY_CHARS, VALUE_CHARS), (200, 200, 80), (0, 80, 40), (0, 0, 20)][shrink]
     cache = {} if cache is None else cache  # pack renders the same alerts many times: escape them once
@@ -386,7 +391,7 @@ class Message:
 
     target_type: str
     kind: str  # markdown | text
-    payload: dict
+    payload: Payload
     body: bytes
     alerts: int  # how many alerts it lists
 
@@ -395,14 +400,16 @@ class Message:
         return message_text(self.payload)
 
 
-def message_text(payload: dict) -> str:
+def message_text(payload: Payload) -> str:
     """The text a robot payload shows (a Lark card's markdown element)."""
     if "msg_type" in payload:  # Lark
         if payload["msg_type"] == "interactive":
             return "\n".join(e.get("content", "") for e in payload["card"]["elements"])
-        return payload["content"]["text"]
+        text: str = payload["content"]["text"]
+        return text
     inner = payload[payload["msgtype"]]
-    return inner.get("text", inner.get("content", ""))
+    text = inner.get("text", inner.get("content", ""))
+    return text
 
 
 def kind_for(target: Target, mentions: Mentions) -> str:
@@ -422,7 +429,7 @@ def _plain_lines(text: str) -> str:
     return re.sub(r"\n\s*\n+", "\n\n", text.strip())
 
 
-def _lark(kind: str, text: str, head: str, mentions: Mentions, severity: str) -> dict:
+def _lark(kind: str, text: str, head: str, mentions: Mentions, severity: str) -> Payload:
     if kind == "markdown":  # an interactive card: the title in a header coloured by severity, then the listing
         text = _plain_lines(text.removeprefix(f"#### {head}"))
         ring = " ".join([f"<at id={u}></at>" for u in mentions.userids] + (["<at id=all></at>"] if mentions.all
@@ -443,7 +450,7 @@ def _headline(alerts: Sequence[Alert]) -> str:
 
 
 def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mentions,
-              severity: str = "") -> dict:
+              severity: str = "") -> Payload:
     if target.type == "lark":
         return _lark(kind, text, head, mentions, severity)
     if target.type == "dingtalk":
@@ -466,11 +473,11 @@ def _assemble(target: Target, kind: str, text: str, head: str, mentions: Mention
     return {"msgtype": "text", "text": inner}
 
 
-def encode(payload: dict) -> bytes:
+def encode(payload: Payload) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def fits(target_type: str, kind: str, payload: dict, body: bytes, limits: dict | None = None) -> bool:
+def fits(target_type: str, kind: str, payload: Payload, body: bytes, limits: Limits | None = None) -> bool:
     if target_type == "dingtalk":
         return len(body) <= (limits or {}).get("dingtalk", DINGTALK_MAX_BODY)
     if target_type == "lark":
@@ -480,7 +487,7 @@ def fits(target_type: str, kind: str, payload: dict, body: bytes, limits: dict |
 
 
 def render_message(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None, compact: bool = False,
-                   shrink: int = 0, max_text_bytes: int | None = None, cache: dict | None = None) -> Message:
+                   shrink: int = 0, max_text_bytes: int | None = None, cache: ViewCache | None = None) -> Message:
     """One message listing these alerts (no size check; see pack for that).
 
     max_text_bytes cuts the rendered listing (not the mentions) at a character bound.
@@ -502,11 +509,11 @@ def render_message(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = 
     return Message(target.type, kind, payload, encode(payload), alerts=len(alerts))
 
 
-def _fits(msg: Message, limits: dict | None) -> bool:
+def _fits(msg: Message, limits: Limits | None) -> bool:
     return fits(msg.target_type, msg.kind, msg.payload, msg.body, limits)
 
 
-def _force_fit(alerts: Sequence[Alert], target: Target, tz: tzinfo | None, limits: dict | None) -> Message:
+def _force_fit(alerts: Sequence[Alert], target: Target, tz: tzinfo | None, limits: Limits | None) -> Message:
     """Last resort (one huge alert, or a verbose user template): cut the listing until the message fits."""
     budget = DINGTALK_MAX_BODY
     while True:
@@ -516,7 +523,7 @@ def _force_fit(alerts: Sequence[Alert], target: Target, tz: tzinfo | None, limit
         budget = budget * 7 // 8 - 16
 
 
-def _longest_fit(count: int, render, limits: dict | None) -> tuple[int, Message | None]:
+def _longest_fit(count: int, render: Callable[[int], Message], limits: Limits | None) -> tuple[int, Message | None]:
     """The largest n <= count whose render(n) fits, and that message (0, None when not even 1 does).
 
     Galloping then bisecting: the cost follows the size of the answer, not of the queue behind it.
@@ -542,7 +549,7 @@ def _longest_fit(count: int, render, limits: dict | None) -> tuple[int, Message 
 
 
 def pack(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
-         limits: dict | None = None) -> tuple[Message, int]:
+         limits: Limits | None = None) -> tuple[Message, int]:
     """The message for the longest prefix of alerts that fits one robot message, and that prefix's length.
 
     All of them in full when they fit; otherwise one line per alert, as many as fit. A first alert that does
@@ -550,7 +557,7 @@ def pack(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
     """
     if not alerts:
         raise ValueError("pack needs at least one alert")
-    cache: dict = {}  # alerts stay alive for the whole call, so their ids are stable keys
+    cache: ViewCache = {}  # alerts stay alive for the whole call, so their ids are stable keys
     n, full = _longest_fit(len(alerts), lambda k: render_message(alerts[:k], target, tz, cache=cache), limits)
     if n == len(alerts) and full is not None:
         return full, n
@@ -566,7 +573,7 @@ def pack(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
 
 
 def format_messages(alerts: Sequence[Alert], target: Target, tz: tzinfo | None = None,
-                    limits: dict | None = None) -> list[Message]:
+                    limits: Limits | None = None) -> list[Message]:
     """Every alert in as few messages as the limits allow (firing first): what --preview shows."""
     rest = order(alerts)
     out: list[Message] = []

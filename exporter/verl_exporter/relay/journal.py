@@ -31,10 +31,13 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from ..core.atomicfile import remove_stale_temps, write_atomic
+from .metrics import RelayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -139,15 +142,21 @@ def spool_in_use(spool_dir: Path) -> str | None:
     return None if pid is None else _in_use(spool_dir, pid)
 
 
+class Numbered(Protocol):
+    """A queued item, told its journal id."""
+
+    jid: int | None
+
+
 @dataclass
 class Entry:
     target: str
     receiver: str
-    alert: dict
+    alert: dict[str, Any]
 
 
 class Journal:
-    def __init__(self, spool_dir: Path, metrics, window: float):
+    def __init__(self, spool_dir: Path, metrics: RelayMetrics, window: float):
         self.path = spool_dir / JOURNAL
         self.metrics = metrics
         self.window = window
@@ -211,7 +220,7 @@ class Journal:
         """Targets whose robot said "too fast", and when (wall clock)."""
         return dict(self._full)
 
-    def restart(self, pending: list[tuple[str, str, dict, object]]) -> None:
+    def restart(self, pending: Sequence[tuple[str, str, dict[str, Any], Numbered]]) -> None:
         """Rewrite the journal with exactly `pending` [(target, receiver, alert dict, queued)], giving each
         queued item its id (``.jid``), and keep appending to it. OSError when it cannot be written."""
         with self._lock:
@@ -226,7 +235,7 @@ class Journal:
             self._write_compact(lines)
 
     # ---- while running
-    def add(self, target: str, receiver: str, alert: dict) -> int | None:
+    def add(self, target: str, receiver: str, alert: dict[str, Any]) -> int | None:
         with self._lock:
             n, line = self._add_line(target, receiver, alert)
             if self._append(line):
@@ -234,14 +243,14 @@ class Journal:
                 return n
             return None
 
-    def done(self, ids) -> None:
-        ids = [n for n in ids if n is not None]
-        if not ids:
+    def done(self, ids: Iterable[int | None]) -> None:
+        settled = [n for n in ids if n is not None]
+        if not settled:
             return
         with self._lock:
-            for n in ids:
+            for n in settled:
                 self._live.pop(n, None)
-            self._append(json.dumps({"done": ids}) + "\n")
+            self._append(json.dumps({"done": settled}) + "\n")
             if self._lines > COMPACT_LINES and 4 * len(self._live) < self._lines:  # mostly settled lines
                 try:
                     self._write_compact(list(self._live.values()))
@@ -279,7 +288,7 @@ class Journal:
             self.lock.release()
 
     # ---- internals (under the lock)
-    def _add_line(self, target: str, receiver: str, alert: dict) -> tuple[int, str]:
+    def _add_line(self, target: str, receiver: str, alert: dict[str, Any]) -> tuple[int, str]:
         n, self._next = self._next, self._next + 1
         return n, json.dumps({"add": n, "target": target, "receiver": receiver, "alert": alert},
                              ensure_ascii=False) + "\n"

@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -213,6 +213,12 @@ def _alerts(alerts: list[AlertIn], info: ValidationInfo) -> tuple[Alert, ...]:
     return tuple(a.alert(f"alerts.{i}", repairs) for i, a in enumerate(alerts))
 
 
+if TYPE_CHECKING:
+    Alerts = tuple[Alert, ...]
+else:  # as posted, each made an Alert
+    Alerts = Annotated[list[AlertIn], Field(min_length=1), AfterValidator(_alerts)]
+
+
 class WebhookPayload(_Webhook):
     """The body Alertmanager posts; ``alerts`` holds Alert dataclasses once validated."""
 
@@ -225,7 +231,7 @@ class WebhookPayload(_Webhook):
     common_labels: Labels = Field(default_factory=dict, alias="commonLabels")
     common_annotations: Labels = Field(default_factory=dict, alias="commonAnnotations")
     external_url: str = Field("", alias="externalURL")
-    alerts: Annotated[list[AlertIn], Field(min_length=1), AfterValidator(_alerts)]
+    alerts: Alerts
     _repairs: list[Repair] = PrivateAttr(default_factory=list)
 
     @property

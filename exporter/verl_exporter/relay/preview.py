@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .config import RelayConfig, zone
 from .format import format_messages
-from .payload import WebhookPayload
+from .payload import Alert, WebhookPayload
 from .summary import summarise
 from .terminal import render
 
@@ -24,7 +24,7 @@ def preview(config: RelayConfig, payload: WebhookPayload, out: Callable[[str], N
     if not config.knows_receiver(receiver):
         out(f"no route of the relay config takes receiver {receiver!r}: the relay would answer 404")
         return 1
-    per_target: dict[str, list] = {}
+    per_target: dict[str, list[Alert]] = {}
     unrouted = []
     for alert in payload.alerts:
         targets = config.targets_for(receiver, alert.labels)
