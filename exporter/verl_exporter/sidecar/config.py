@@ -8,15 +8,19 @@ a setting: the config names the environment variable or the file that holds it (
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import types
 import typing
+from collections.abc import Collection
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, JsonValue, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
-from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate, where
+from ..core.models import FileError, KeyPath, StrictModel, json_schema, read_yaml, validate, where
 from ..exposition.app import parse_listen
 from ..spec import LABEL_NAME_RE, RESERVED_LABELS
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
@@ -224,7 +228,7 @@ class ServeConfig(StrictModel):
             raise ValueError("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
         return self
 
-    def const_labels(self, target_labels: tuple[str, ...] = ("run", "rank")) -> dict[str, str]:
+    def const_labels(self, target_labels: Collection[str] = ("run", "rank")) -> dict[str, str]:
         """Labels put on every series: run and rank when set, then the user's --label pairs."""
         out: dict[str, str] = {}
         if self.run and "run" in target_labels:
@@ -235,7 +239,7 @@ class ServeConfig(StrictModel):
         return out
 
 
-def _hint(err: dict, path: tuple) -> str | None:
+def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     if err["type"] != "string_pattern_mismatch":
         return None
     if path[:1] == ("labels",):
@@ -305,18 +309,24 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origi
     merged.update(flags)
     if "listen" not in merged:
         local = merged.get("local_rank")
-        ok = isinstance(local, int) and not isinstance(local, bool) and local >= 0
-        merged["listen"] = f"0.0.0.0:{DEFAULT_PORT + (local if ok else 0)}"
+        offset = local if isinstance(local, int) and not isinstance(local, bool) and local >= 0 else 0
+        merged["listen"] = f"0.0.0.0:{DEFAULT_PORT + offset}"
     return validate(ServeConfig, merged, origin, error=ConfigError, hint=_hint)
 
 
 def flag_name(name: str) -> str:
     """The command-line flag of a setting: its name with dashes, or the field's own "x-flag"."""
-    extra = ServeConfig.model_fields[name].json_schema_extra or {}
+    extra = _extra(ServeConfig.model_fields[name])
     return str(extra.get("x-flag") or "--" + name.replace("_", "-"))
 
 
-def _default_text(field) -> str:
+def _extra(field: FieldInfo) -> dict[str, JsonValue]:
+    """A field's json_schema_extra: the flag's presentation (x-flag, x-group, x-metavar)."""
+    extra = field.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _default_text(field: FieldInfo) -> str:
     """" (default X)" for the help, from the field's own default (unless its description says it)."""
     if "default" in (field.description or "") or field.default_factory is not None:
         return ""
@@ -328,18 +338,18 @@ def _default_text(field) -> str:
     return f" (default {value})"
 
 
-def add_flags(parser) -> None:
+def add_flags(parser: argparse.ArgumentParser) -> None:
     """`verl-exporter serve`'s flags, one per ServeConfig field, derived from it: name, type, help and default
     come from the field, so a setting is declared once (collectors: one --collector.NAME per collector)."""
-    import argparse
-
-    groups: dict[str, Any] = {}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for name, field in ServeConfig.model_fields.items():
         if name == "collectors":
             continue  # per collector, below
-        extra = field.json_schema_extra or {}
+        extra = _extra(field)
         group = extra.get("x-group")
-        target = parser if group is None else groups.setdefault(group, parser.add_argument_group(group))
+        target: argparse._ActionsContainer = parser
+        if group is not None:
+            target = groups.setdefault(str(group), parser.add_argument_group(str(group)))
         kind = next((t for t in (bool, int, float, tuple, dict)
                      if t is _base(field.annotation)), str)
         options: dict[str, Any] = {"dest": name, "help": (field.description or "") + _default_text(field)}
@@ -375,7 +385,7 @@ def _base(annotation: Any) -> Any:
             return annotation
 
 
-def schema() -> dict:
+def schema() -> dict[str, Any]:
     """The JSON Schema of a --config file, with the collectors' names spelled out and label names checked."""
     from .collectors import REGISTRY
 

@@ -38,15 +38,25 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core.atomicfile import make_dirs, write_atomic
 from ..core.auth import bearer_token_ok
+from ..exposition.selfmetrics import SelfMetrics
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+    from ..exposition.app import Handler
+    from .forensics import Forensics
 
 log = logging.getLogger(__name__)
 
 ACTIONS = ("checkpoint", "stop")
+Doc = dict[str, Any]  # a control file's JSON document
+Signature = tuple[int, int, int]  # (inode, mtime_ns, size) of a control file: changes with every write
 MAX_BODY = 4096
 CONTROL_FILE_NAME = ".verl-exporter-control.json"
 DEFAULT_FILE_MODE = 0o644  # readable by a trainer running under another uid; see the module docstring
@@ -119,7 +129,7 @@ def one_line(text: str, limit: int = 200) -> str:
     return "".join(c if c.isprintable() else " " for c in text[:limit])
 
 
-def read_control_file(path: Path) -> tuple[tuple, dict]:
+def read_control_file(path: Path) -> tuple[Signature, Doc]:
     """(signature, document) of a control file; raises OSError, ValueError or RecursionError."""
     # O_NONBLOCK: a FIFO put there must not block the trainer's step (or the sidecar) in open()
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -137,7 +147,7 @@ def read_control_file(path: Path) -> tuple[tuple, dict]:
 
 
 class Recorded(NamedTuple):
-    state: dict  # the control file as written
+    state: Doc  # the control file as written
     applied: bool  # written, and readable by the reader the file mode names
     problem: str  # why not applied ("" when applied)
     id: str  # the request's id
@@ -146,7 +156,7 @@ class Recorded(NamedTuple):
 class ControlState:
     """The writer side: applies requests to the control file, atomically (write a temp file, rename)."""
 
-    def __init__(self, path: str, clock=time.time, mode: int = DEFAULT_FILE_MODE):
+    def __init__(self, path: str, clock: Callable[[], float] = time.time, mode: int = DEFAULT_FILE_MODE):
         self.path = Path(path)
         self.mode = parse_file_mode(mode)
         self._clock = clock
@@ -154,7 +164,7 @@ class ControlState:
         self._made: list[Path] = []  # folders this sidecar made for the file
         self._warned = False
 
-    def read(self) -> dict:
+    def read(self) -> Doc:
         try:
             return read_control_file(self.path)[1]
         except (OSError, ValueError, RecursionError):  # unreadable or not ours: start again from scratch
@@ -177,7 +187,7 @@ class ControlState:
             problem = self._unreachable()
             return Recorded(state, not problem, problem, request_id)
 
-    def _write(self, state: dict) -> None:
+    def _write(self, state: Doc) -> None:
         self._made += make_dirs(self.path.parent, folder_mode(self.mode))
         write_atomic(self.path, json.dumps(state, sort_keys=True), mode=self.mode)
 
@@ -215,14 +225,14 @@ class ControlState:
                     return
 
 
-def _int(value) -> int:
+def _int(value: Any) -> int:
     try:
         return max(int(value), 0)
     except (TypeError, ValueError, OverflowError):
         return 0
 
 
-def _identity(doc: dict, action: str) -> str | None:
+def _identity(doc: Doc, action: str) -> str | None:
     """The id of the latest request of action in a control file; None when there was none.
 
     A version 1 file (an older sidecar) has no ids: its seq and time stand for one.
@@ -236,7 +246,7 @@ def _identity(doc: dict, action: str) -> str | None:
     return f"v1@{doc.get('stop_time')}" if doc.get("stop") else None
 
 
-def _request_time(doc: dict, action: str) -> float:
+def _request_time(doc: Doc, action: str) -> float:
     try:
         return float(doc.get(f"{action}_time") or 0)
     except (TypeError, ValueError, OverflowError):
@@ -256,11 +266,12 @@ class ControlReader:
 
     LOG_EVERY_S = 600.0
 
-    def __init__(self, path: str, clock=time.time, on_error=None):
+    def __init__(self, path: str, clock: Callable[[], float] = time.time,
+                 on_error: Callable[[str], None] | None = None):
         self.path = Path(path)
         self._clock = clock
         self._started = clock()
-        self._seen_file: tuple | None = None
+        self._seen_file: Signature | None = None
         self._pending_checkpoint = False
         self._stop = False
         self.reason = ""
@@ -345,18 +356,20 @@ class ControlReader:
 FORENSICS = "forensics"  # not a request for the trainer: the sidecar captures stacks itself (sidecar/forensics.py)
 
 
-def make_control_app(state: ControlState, token: str, self_metrics, forensics=None):
+def make_control_app(state: ControlState, token: str, self_metrics: SelfMetrics,
+                     forensics: Forensics | None = None) -> Handler:
     """WSGI handler for /control/<action>; returns None for paths it does not own. ``forensics``: the
     sidecar's Forensics when --forensics-dir is set (POST /control/forensics captures stacks now)."""
     known = (*ACTIONS, FORENSICS)
 
-    def handle(environ, start_response):
+    def handle(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes] | None:
         path = environ.get("PATH_INFO", "")
         if not path.startswith("/control/"):
             return None
         action = path[len("/control/"):]
 
-        def reply(code: str, body: dict, result: str, extra_headers=()):
+        def reply(code: str, body: dict[str, Any], result: str,
+                  extra_headers: Sequence[tuple[str, str]] = ()) -> list[bytes]:
             self_metrics.inc("verl_exporter_control_requests_total", action=action if action in known else "other",
                              result=result)
             data = json.dumps(body).encode()

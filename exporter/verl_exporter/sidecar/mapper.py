@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..exposition.encode import safe_label_value
 from ..spec import UNMAPPED_PREFIX, MetricSpec, SourceRule, Spec
@@ -36,9 +37,18 @@ class Resolved:
     # metric.name, which the store reads for every value: a pydantic model's attribute costs ~3x a dataclass's
     # (BaseModel defines __getattr__, which keeps CPython from specialising the load)
     name: str = field(init=False)
+    cap: int = field(init=False)  # series_cap(metric), read as often
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "name", self.metric.name)
+        object.__setattr__(self, "cap", series_cap(self.metric))
+
+
+def series_cap(metric: MetricSpec) -> int:
+    """A metric's cap on label-value combinations: the Spec gives each its own or defaults.max_series."""
+    if metric.max_series is None:
+        raise ValueError(f"{metric.name} has no max_series: not a metric of a loaded Spec")
+    return metric.max_series
 
 
 def unmapped_name(key: str) -> str:
@@ -51,14 +61,14 @@ class KeyMapper:
     def __init__(self, spec: Spec):
         self._literal: dict[str, Resolved] = {}
         # (metric, rule, its compiled pattern): the pattern read from the tuple, not from the model, per key tried
-        self._patterns: list[tuple[MetricSpec, SourceRule, re.Pattern]] = []
+        self._patterns: list[tuple[MetricSpec, SourceRule, re.Pattern[str]]] = []
         self._conditional: list[tuple[str, str, Resolved]] = []  # (key, key that must be absent, target)
         for metric in spec.metrics:
             for rule in metric.source:
                 if rule.when_absent:
                     values = tuple(rule.labels[name] for name in metric.labels)
                     self._conditional.append((rule.pattern, rule.when_absent, Resolved(metric, values, rule.factor)))
-                elif rule.literal:
+                elif rule.compiled is None:  # a literal key
                     values = tuple(rule.labels[name] for name in metric.labels)
                     self._literal[rule.pattern] = Resolved(metric, values, rule.factor)
                 else:
@@ -71,14 +81,14 @@ class KeyMapper:
             return self._cache[key]
         except KeyError:
             pass
-        found = self._literal.get(key)
+        found: Resolved | None | str = self._literal.get(key)
         if found is None:
             found = self._match_patterns(key)
         if len(self._cache) < _CACHE_LIMIT:
             self._cache[key] = found
         return found
 
-    def conditional(self, line: Mapping) -> list[tuple[str, Resolved]]:
+    def conditional(self, line: Mapping[str, Any]) -> list[tuple[str, Resolved]]:
         """The extra (key, target) pairs a line feeds: a key standing in for another key the line lacks."""
         return [(key, target) for key, absent, target in self._conditional if key in line and absent not in line]
 

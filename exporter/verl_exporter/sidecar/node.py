@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from ..core.shutdown import stop_event
 from ..exposition.app import parse_listen
@@ -45,16 +46,17 @@ def split_rank0_only(argv: list[str]) -> tuple[list[str], list[str]]:
     return common, rank0
 
 
-def child_argv(i: int, ranks_offset: int, host: str, base_port: int, common: list[str], rank0: list[str]):
+def child_argv(i: int, ranks_offset: int, host: str, base_port: int, common: list[str],
+               rank0: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "verl_exporter", "serve", "--local-rank", str(i), "--rank", str(ranks_offset + i),
             "--listen", f"{host}:{base_port + i}", *common]
     return argv + rank0 if i == 0 else argv
 
 
 class Supervisor:
-    def __init__(self, argvs: list[list[str]], backoff: float = 1.0, clock=time.monotonic):
+    def __init__(self, argvs: list[list[str]], backoff: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.argvs = argvs
-        self.procs: list[subprocess.Popen | None] = [None] * len(argvs)
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(argvs)
         self.restarts = [0] * len(argvs)
         self._first_backoff = backoff
         self._backoff = [backoff] * len(argvs)
@@ -111,7 +113,7 @@ class Supervisor:
         return 0
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("node", help="run one sidecar per local rank on this node (Ray, Slurm)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, required=True, help="local ranks (GPUs) on this node")
@@ -123,7 +125,7 @@ def add_parser(sub) -> None:
                    help="every other flag is passed to each `verl-exporter serve` (after --)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         print("verl-exporter node: --ranks must be at least 1", file=sys.stderr)
         return 2

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from ..exposition.app import HttpServer, SafeCollector, health_handler, make_app
@@ -29,7 +31,7 @@ FIRST_SAMPLE_WAIT_S = 5.0  # the longest it waits for its collectors' first samp
 
 
 class Sidecar:
-    def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape=None,
+    def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape: Callable[[], object] | None = None,
                  control_token: str | None = None, control_file: str | None = None):
         self.config = config
         self.spec = spec or load_effective_spec(config.spec, config.overrides)
@@ -53,15 +55,14 @@ class Sidecar:
                 max_line_bytes=config.max_line_bytes, recover_bytes=config.recover_bytes)
         self.forensics: Forensics | None = None
         self.stall_watch: StallWatch | None = None
-        if config.forensics_dir:  # off by default: a capture attaches to the trainer (ptrace)
-            c = config
+        c = config
+        if c.forensics_dir:  # off by default: a capture attaches to the trainer (ptrace)
             self.forensics = Forensics(ForensicsSettings(
                 c.forensics_dir, c.forensics_py_spy, c.forensics_native, c.forensics_max_files, c.forensics_max_bytes,
                 c.forensics_timeout, c.forensics_flight_recorder), self.self_metrics, c.trainer_pid, labels)
             self.stall_watch = StallWatch(self.spec, self.store, self.forensics)
         self.progress: Progress | None = None
-        if config.state_dir:
-            c = config
+        if c.state_dir:
             self.progress = Progress(c.state_dir, self.store, self.self_metrics, c.trainer_pid, c.planned_steps,
                                      c.save_freq, c.deadline, c.max_ckpt_to_keep)
         self.server: HttpServer | None = None
@@ -103,22 +104,23 @@ class Sidecar:
                 return False, f"no new step for {age:.0f} s (limit {limit:.0f} s)"
         return True, "ok"
 
-    def sidecar_health(self) -> tuple[bool, dict]:
+    def sidecar_health(self) -> tuple[bool, dict[str, Any]]:
         """/healthz/sidecar: the process and its sources, never the trainer."""
         return self._health(check_trainer=False)
 
-    def health(self) -> tuple[bool, dict]:
+    def health(self) -> tuple[bool, dict[str, Any]]:
         """/healthz: the sidecar, and the trainer's liveness when --hang-factor / --trainer-pid ask for it."""
         return self._health(check_trainer=True)
 
-    def _health(self, check_trainer: bool) -> tuple[bool, dict]:
-        sources = {}
+    def _health(self, check_trainer: bool) -> tuple[bool, dict[str, Any]]:
+        sources: dict[str, dict[str, str]] = {}
         collectors = {c.name: "ok" if self.self_metrics.value("verl_exporter_collector_success", collector=c.name)
                       else "failing" for c in self.sampler.collectors}
         if self.follower:
             sources["verl_log"] = {"path": self.follower.path, "state": self.follower.status()}
         healthy = all(not s["state"].startswith("error") for s in sources.values())
-        details = {"sources": sources, "collectors": collectors, "step": self.store.step, "pid": os.getpid()}
+        details: dict[str, Any] = {"sources": sources, "collectors": collectors, "step": self.store.step,
+                                   "pid": os.getpid()}
         if self.forensics is not None:
             details["forensics"] = {"dir": self.config.forensics_dir, "last_capture": self.forensics.last}
         if check_trainer and (self.config.hang_factor > 0 or self.config.trainer_pid is not None):
@@ -131,7 +133,7 @@ class Sidecar:
         rank = "-" if self.config.rank is None else self.config.rank
         summary = f"Serving verl training metrics (run={self.config.run or '-'}, rank={rank})."
         handlers = []
-        if self.control:
+        if self.control and self._control_token:  # a ControlState only with a token
             handlers.append(make_control_app(self.control, self._control_token, self.self_metrics, self.forensics))
         handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
@@ -183,10 +185,10 @@ class Sidecar:
 class _BeforeScrape:
     """A collector that yields nothing and runs a hook (e.g. the Monitor draining its queue)."""
 
-    def __init__(self, hook):
+    def __init__(self, hook: Callable[[], object]):
         self._hook = hook
 
-    def collect(self):
+    def collect(self) -> Iterable[Metric]:
         self._hook()
         return []
 

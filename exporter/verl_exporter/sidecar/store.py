@@ -20,7 +20,7 @@ from ..core.detect import Detectors
 from ..exposition.encode import TextRenderer
 from ..exposition.selfmetrics import SelfMetrics, describe
 from ..spec import MetricSpec, Spec
-from .mapper import MAX_KEY_LENGTH, KeyMapper, Resolved, unmapped_name
+from .mapper import MAX_KEY_LENGTH, KeyMapper, Resolved, series_cap, unmapped_name
 
 COMPONENT = "store"
 
@@ -31,7 +31,7 @@ MAX_DEPTH = 8
 _MAX_STEP = 2**53
 
 
-def flatten(data: Mapping, prefix: str = "", depth: int = 1) -> Iterator[tuple[str, Any]]:
+def flatten(data: Mapping[Any, Any], prefix: str = "", depth: int = 1) -> Iterator[tuple[str, Any]]:
     """verl's dicts are flat; custom code may nest them: {"a": {"b": 1}} is exported as key "a/b"."""
     for key, value in data.items():
         full = f"{prefix}{key}"
@@ -105,6 +105,7 @@ class TrainingStore:
         self._step_metric = spec.with_field("step")
         self._step_time_metric = spec.with_field("step_time")
         self._nonfinite_metric = spec.with_field("nonfinite")
+        self._nonfinite_cap = series_cap(self._nonfinite_metric)
         self._unmapped_specs: dict[str, MetricSpec] = {}
         self._renderer = TextRenderer(self._const, on_error=lambda name, e: self_metrics.problem(
             "exposition", "family", f"family {name} left out of /metrics: {describe(e)}"))
@@ -112,7 +113,7 @@ class TrainingStore:
         self.detectors = Detectors.from_spec(spec)
 
     # ------------------------------------------------------------------ writing
-    def ingest(self, step: Any, data: Mapping, seen_at: float) -> None:
+    def ingest(self, step: Any, data: Mapping[Any, Any], seen_at: float) -> None:
         """Record one logged step. Never raises on bad values: they are counted instead."""
         new_step = False
         with self._lock:
@@ -147,7 +148,7 @@ class TrainingStore:
             except Exception as e:  # the stored values stay; the baselines skip this step
                 self._self.problem(COMPONENT, "detectors", f"the detectors could not take step {step!r}: {describe(e)}")
 
-    def count_nonfinite(self, data: Mapping) -> None:
+    def count_nonfinite(self, data: Mapping[Any, Any]) -> None:
         """Count the NaN/Inf values of a logged step without exporting its values.
 
         For the part of the file before the tail a restarted sidecar recovers from: the NaN counter is a
@@ -171,7 +172,7 @@ class TrainingStore:
         with self._lock:
             self._nonfinite.clear()
 
-    def _put_nested(self, key: Any, raw: Mapping) -> None:
+    def _put_nested(self, key: Any, raw: Mapping[Any, Any]) -> None:
         try:
             items = list(flatten(raw, f"{key}/"))
         except Exception:  # a key whose str() raises, a mapping that cannot be iterated
@@ -199,11 +200,11 @@ class TrainingStore:
             return "key_too_long"
         return self._mapper.resolve(key)  # which refuses a label value too long to export
 
-    def _put(self, key: str, value: float, resolved: Resolved | None = None) -> None:
+    def _put(self, key: str, value: float, resolved: Resolved | None | str = None) -> None:
         """Store one value; ``resolved`` when the caller already knows the entry (a key standing in)."""
         if resolved is None:
             resolved = self._mapper.resolve(key) if len(key) <= MAX_KEY_LENGTH else "key_too_long"
-        if resolved.__class__ is str:
+        if isinstance(resolved, str):
             self._self.inc("verl_exporter_values_rejected_total", reason=resolved)
             return
         if resolved is not None and resolved.escaped:
@@ -220,13 +221,13 @@ class TrainingStore:
         if series is None:
             series = self._series[resolved.name] = {}
         labels = resolved.label_values
-        if labels not in series and len(series) >= resolved.metric.max_series:
+        if labels not in series and len(series) >= resolved.cap:
             self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
             return
         series[labels] = value * resolved.scale if resolved.scale != 1.0 else value
 
     def _count_nonfinite(self, name: str) -> None:
-        if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_metric.max_series:
+        if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_cap:
             self._nonfinite[name] = self._nonfinite.get(name, 0.0) + 1.0
         else:
             self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
@@ -285,8 +286,8 @@ class TrainingStore:
             nonfinite = dict(self._nonfinite)
             step, step_time = self._step, self._step_time
             detector_rows = self.detectors.rows()
-        out: list[tuple[MetricSpec, dict]] = []
-        if step is not None:
+        out: list[tuple[MetricSpec, dict[tuple[str, ...], float]]] = []
+        if step is not None and step_time is not None:  # set together
             out.append((self._step_metric, {(): step}))
             out.append((self._step_time_metric, {(): step_time}))
         out.append((self._nonfinite_metric, {(name,): count for name, count in nonfinite.items()}))

@@ -49,6 +49,7 @@ from ...checkpoint.manifest import (
     verify_manifest,
     walk,
 )
+from ..mapper import series_cap
 from .base import Collector, Context, Sample, Unavailable, register
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 _VERIFIED = "verl_checkpoint_manifest_verified"
 _ACTIVITY_DEPTH = 2  # global_step_N/actor/dist_ckpt is as deep as verl creates folders during a save
 _MAX_PROBLEMS_LOGGED = 5
+# The manifest's mtime and size, and a hash of every file's (path, size, mtime): see _cache_key.
+CacheKey = tuple[int, int, int]
 
 
 @register
@@ -69,9 +72,9 @@ class CheckpointCollector(Collector):
             raise Unavailable("no --checkpoint-dir")
         self.root = Path(ctx.checkpoint_dir)
         # verify no more checkpoints than the spec lets us export, newest first
-        self._verify_cap = ctx.spec[_VERIFIED].max_series
+        self._verify_cap = series_cap(ctx.spec[_VERIFIED])
         # step -> (cache key, ok)
-        self._verified: dict[int, tuple[tuple, bool]] = {}
+        self._verified: dict[int, tuple[tuple[CacheKey, bool], bool]] = {}  # step -> ((key, pruned_ok), ok)
 
     def sample(self) -> list[Sample]:
         if not self.root.is_dir():
@@ -189,7 +192,7 @@ def _tree_size(step_dir: Path) -> int:
     return total
 
 
-def _cache_key(step_dir: Path) -> tuple:
+def _cache_key(step_dir: Path) -> CacheKey:
     """What must stay the same for an earlier verification to still hold: the manifest and every file's stat."""
     manifest = (step_dir / MANIFEST_NAME).stat()
     files = []

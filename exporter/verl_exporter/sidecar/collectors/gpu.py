@@ -8,6 +8,7 @@ stops answering shows verl_gpu_up 0 (plus its verl_gpu_info identity) and nothin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .base import Collector, Context, Sample, register
@@ -68,8 +69,9 @@ class GpuCollector(Collector):
         fields = FAST_FIELDS + SLOW_FIELDS + ((PCIE_FIELD,) if ctx.gpu_pcie_throughput else ())
         self._states = [_GpuState(g, fields) for g in self.session.gpus]
         self._mem_v2 = getattr(n, "nvmlMemory_v2", None)
-        self._reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        self._throttle_fn = getattr(n, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        self._reasons_fn: Callable[[Any], int] | None = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self._throttle_fn: Callable[[Any], int] | None = getattr(n, "nvmlDeviceGetCurrentClocksThrottleReasons",
+                                                                 None)
         if self._reasons_fn is None:  # a binding older than the "event reasons" rename
             self._reasons_fn, self._throttle_fn = self._throttle_fn, None
         self._reason_bits = [
@@ -87,12 +89,13 @@ class GpuCollector(Collector):
                 st.unsupported.add("clock_events")
 
     # ------------------------------------------------------------------------------------------ reads
-    def _call(self, st: _GpuState, field: str, fn, *args) -> Any:
+    def _call(self, st: _GpuState, field: str, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(handle, *args), or None when the field is unsupported (remembered) or failed this once."""
         try:
             return fn(st.gpu.handle, *args)
         except Exception as e:
-            return self._failed(st, field, e)
+            self._failed(st, field, e)
+            return None
 
     def _failed(self, st: _GpuState, field: str, err: Exception) -> None:
         kind = self.session.kind(err)
@@ -102,7 +105,6 @@ class GpuCollector(Collector):
             raise GpuLost(str(err)) from None
         else:
             self.ctx.self_metrics.problem(self.name, field, f"GPU {st.gpu.label}: {field} read failed: {err!r}")
-        return None
 
     def _memory(self, st: _GpuState) -> tuple[Any, bool]:
         """(memory info, whether it is v2 with ``reserved``); v2 when the binding and driver have it."""
@@ -113,7 +115,8 @@ class GpuCollector(Collector):
                 st.unsupported.add("memory_reserved")
                 mem = None
             except Exception as e:
-                mem = self._failed(st, "memory_reserved", e)
+                self._failed(st, "memory_reserved", e)
+                mem = None
             if mem is not None or "memory_reserved" not in st.unsupported:
                 return mem, True  # a passing failure: no memory series this once
         if "memory" in st.unsupported:
@@ -121,14 +124,18 @@ class GpuCollector(Collector):
         return self._call(st, "memory", self.nvml.nvmlDeviceGetMemoryInfo), False
 
     def _clock_reasons(self, st: _GpuState) -> int | None:
+        if self._reasons_fn is None:  # not asked: clock_events is then unsupported
+            return None
         try:
             return self._reasons_fn(st.gpu.handle)
         except Exception as e:
             # a driver older than the "event reasons" rename lacks the new symbol: use the old one from now on
             if self._throttle_fn is not None and self.session.is_code(e, self._function_not_found):
                 self._reasons_fn, self._throttle_fn = self._throttle_fn, None
-                return self._call(st, "clock_events", self._reasons_fn)
-            return self._failed(st, "clock_events", e)
+                mask: int | None = self._call(st, "clock_events", self._reasons_fn)
+                return mask
+            self._failed(st, "clock_events", e)
+            return None
 
     def _read_fast(self, st: _GpuState) -> list[Sample]:
         n, L, uns, call = self.nvml, st.labels, st.unsupported, self._call
@@ -248,7 +255,7 @@ class GpuCollector(Collector):
                 self._down(st, str(e))
             except Exception as e:
                 self.ctx.self_metrics.problem(self.name, "slow", f"GPU {st.gpu.label}: slow read failed: {e!r}")
-        return ()
+        return []
 
     def close(self) -> None:
         self.session.close()

@@ -20,11 +20,13 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
 from .base import Collector, Context, Sample, register
-from .nvml import LOST, UNSUPPORTED, GpuLost, NvmlSession
+from .nvml import LOST, UNSUPPORTED, Gpu, GpuLost, NvmlSession
 
 ROLES = ("trainer", "rollout", "other")
 RECHECK_OTHER_S = 60.0
@@ -78,7 +80,7 @@ def start_time(pid: int) -> float | None:
 class RoleCache:
     """pid -> role, valid while the pid keeps its start time; 'other' is rechecked after RECHECK_OTHER_S."""
 
-    def __init__(self, trainer_pid: int | None, monotonic=time.monotonic):
+    def __init__(self, trainer_pid: int | None, monotonic: Callable[[], float] = time.monotonic):
         self.trainer_pid = trainer_pid
         self._entries: dict[int, tuple[float, str, float]] = {}  # pid -> (start time, role, decided at)
         self._monotonic = monotonic
@@ -138,9 +140,10 @@ class GpuProcessesCollector(Collector):
         self._unsupported: set[str] = set()  # gpu labels where NVML does not list processes
         self._labels = {g.label: {r: {"gpu": g.label, "role": r} for r in ROLES} for g in self.session.gpus}
 
-    def _processes(self, gpu) -> list | None:
+    def _processes(self, gpu: Gpu) -> list[Any] | None:
         try:
-            return self.nvml.nvmlDeviceGetComputeRunningProcesses(gpu.handle)
+            processes: list[Any] = self.nvml.nvmlDeviceGetComputeRunningProcesses(gpu.handle)
+            return processes
         except Exception as e:
             kind = self.session.kind(e)
             if kind == UNSUPPORTED:

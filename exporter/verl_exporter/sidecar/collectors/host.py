@@ -59,7 +59,7 @@ class HostCollector(Collector):
 
     # ------------------------------------------------------------------ memory
     def _memory(self) -> Iterator[Sample]:
-        wanted = {"MemTotal:": None, "MemAvailable:": None}
+        wanted: dict[str, int | None] = {"MemTotal:": None, "MemAvailable:": None}
         with open(f"{self.ctx.procfs}/meminfo") as f:
             for line in f:
                 key, _, rest = line.partition(" ")

@@ -31,7 +31,7 @@ class _LinkState:
         self.gpu = gpu
         self.supported: bool | None = None  # None until asked
         self.links: list[int] = []
-        self.error_plan: list[tuple[int, int, dict[str, str]]] = []  # (link, counter, labels) still asked
+        self.error_plan: list[tuple[int, int, str]] = []  # (link, counter, error type) still asked
         self.throughput: str | None = ALL_LINKS  # None once the driver refuses both ways
         g = gpu.label
         self.labels = {"gpu": g}
@@ -90,7 +90,8 @@ class NvlinkCollector(Collector):
         return float(getattr(fv.value, attr))
 
     def _throughput(self, st: _LinkState) -> list[Sample]:
-        h, rows = st.gpu.handle, []
+        h = st.gpu.handle
+        rows: list[Sample] = []
         for _ in range(2):  # at most once more, after falling back from all-links to per-link scopes
             if st.throughput is None:
                 return rows
@@ -153,7 +154,9 @@ class NvlinkCollector(Collector):
         # Error counters are summed over the links, per type: 4 series per GPU instead of 4 per link (72 on an
         # H200), which is what the scale run showed dominating series and rule time; a link that goes down is
         # still seen per link in link_up.
-        refused, totals, broken = [], {}, set()
+        refused: list[tuple[int, int]] = []
+        totals: dict[str, float] = {}
+        broken: set[str] = set()
         for link, code, kind in st.error_plan:
             try:
                 totals[kind] = totals.get(kind, 0.0) + float(counter(h, link, code))

@@ -54,7 +54,7 @@ def text(value: Any) -> str:
 
 # ------------------------------------------------------------------------------------------ init, refcounted
 _lock = threading.Lock()
-_sessions: dict[int, list] = {}  # id(binding) -> [binding, open sessions]
+_sessions: dict[int, list[Any]] = {}  # id(binding) -> [binding, open sessions]
 
 
 def _init_failure(nvml: Any, err: Exception) -> str:
@@ -124,7 +124,7 @@ class Gpu:
     def __repr__(self) -> str:
         return f"Gpu({self.index}, {self.uuid}, {self.pci_bus_id})"
 
-    def pci_key(self) -> tuple:
+    def pci_key(self) -> tuple[int | str, ...]:
         """Sort key in PCI bus id order (domain, bus, device, function), as CUDA_DEVICE_ORDER=PCI_BUS_ID."""
         m = re.fullmatch(r"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)", self.pci_bus_id.strip())
         if not m:
@@ -266,8 +266,9 @@ class NvmlSession:
         self._open = True
         try:
             n = self.nvml
-            self.error_class: type = n.NVMLError
-            self._mismatch: tuple = tuple(c for c in (getattr(n, "NVMLLibraryMismatchError", None),) if c)
+            self.error_class: type[Exception] = n.NVMLError
+            mismatch = getattr(n, "NVMLLibraryMismatchError", None)
+            self._mismatch: tuple[type[Exception], ...] = (mismatch,) if mismatch else ()
             self._unsupported = {code(n, c) for c in ("NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "NO_PERMISSION",
                                                       "ARGUMENT_VERSION_MISMATCH")}
             self._lost = {code(n, c) for c in ("GPU_IS_LOST", "UNKNOWN", "UNINITIALIZED", "RESET_REQUIRED",

@@ -16,7 +16,11 @@ from collections.abc import Iterable
 from ...exposition.encode import TextRenderer
 from ...exposition.selfmetrics import SelfMetrics, describe
 from ...spec import MetricSpec, Spec
-from .base import Collector
+from ..mapper import series_cap
+from .base import Collector, Context, Sample
+
+# {metric: {label values: value}}: a collector's samples grouped for the scrape
+Rows = dict[str, dict[tuple[str, ...], float]]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class Sampler:
         self._slow_interval = slow_interval
         # collector name -> (fast rows, slow rows, both merged under the caps) as {metric: {label values: value}};
         # replaced whole, never mutated
-        self._latest: dict[str, tuple[dict, dict, dict]] = {c.name: ({}, {}, {}) for c in self.collectors}
+        self._latest: dict[str, tuple[Rows, Rows, Rows]] = {c.name: ({}, {}, {}) for c in self.collectors}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sampled: dict[str, threading.Event] = {}  # collector name -> set once its first sample is done
@@ -111,9 +115,9 @@ class Sampler:
                            collector=c.name)
         return ok
 
-    def _group(self, collector: str, samples) -> dict[str, dict[tuple[str, ...], float]]:
+    def _group(self, collector: str, samples: Iterable[Sample]) -> Rows:
         """Samples keyed by metric and label values, once per sample rather than on every scrape."""
-        out: dict[str, dict[tuple[str, ...], float]] = {}
+        out: Rows = {}
         for metric_name, labels, value in samples:
             try:
                 metric = self._spec[metric_name]
@@ -131,16 +135,16 @@ class Sampler:
             out.setdefault(metric_name, {})[key] = number
         return out
 
-    def _capped(self, *parts: dict, count: bool = True) -> dict[str, dict[tuple[str, ...], float]]:
+    def _capped(self, *parts: Rows, count: bool = True) -> Rows:
         """The parts merged by spec entry, each capped by its max_series; what is dropped is counted once
         per sample (never on the scrape path, where every scrape and every HA replica would count it again)."""
-        by_metric: dict[str, dict[tuple[str, ...], float]] = {}
+        by_metric: Rows = {}
         for part in parts:
             for metric_name, rows in part.items():
                 series = by_metric.get(metric_name)
                 if series is None:
                     by_metric[metric_name] = series = {}
-                cap = self._spec[metric_name].max_series
+                cap = series_cap(self._spec[metric_name])
                 if len(series) + len(rows) <= cap:
                     series.update(rows)
                     continue
@@ -163,11 +167,11 @@ class Sampler:
         return self._renderer.render(self.series(), openmetrics)
 
 
-def build_collectors(enabled: dict[str, bool], ctx) -> list[Collector]:
+def build_collectors(enabled: dict[str, bool], ctx: Context) -> list[Collector]:
     """Instantiate the enabled collectors; one whose source is absent here is skipped with one log line."""
     from . import REGISTRY, Unavailable
 
-    out = []
+    out: list[Collector] = []
     off: dict[str, list[str]] = {}  # reason -> collectors, so that one missing driver is one log line
     for name, cls in sorted(REGISTRY.items()):
         if not enabled.get(name, cls.default_enabled):

@@ -21,6 +21,7 @@ import math
 import re
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 RAY_PREFIX = re.compile(r"^\s*\([\w.-]+ pid=\d+(?:, ip=[\d.:a-fA-F]+)?\)\s?")
@@ -37,11 +38,14 @@ INTEGER = re.compile(r"[+-]?[0-9]+")
 FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
+Record = tuple[int, dict[str, Any]]  # (step, data) as verl's file logger writes it
+
+
 class ConsoleLogError(ValueError):
     """The input holds no usable step lines, or the run asked for does not exist."""
 
 
-def value_of(text: str):
+def value_of(text: str) -> int | float | str | None:
     """The JSON value verl's file logger would have written for one printed value."""
     inner = WRAPPED.match(text)
     if inner:
@@ -76,10 +80,10 @@ def clean_lines(text: str) -> Iterable[tuple[str, bool]]:
         yield RAY_PREFIX.sub("", raw), len(raw) == CUT_LINE_CHARS
 
 
-def parse_records(text: str, dropped: list[str] | None = None) -> list[tuple[int, dict]]:
+def parse_records(text: str, dropped: list[str] | None = None) -> list[Record]:
     """Every step record in the order printed: (step, data). Cut-off values go to ``dropped``."""
-    records: list[tuple[int, dict]] = []
-    current: dict | None = None
+    records: list[Record] = []
+    current: dict[str, Any] | None = None
     for line, cut in clean_lines(text):
         step = STEP.match(line)
         more = CONTINUATION.match(line) if current is not None and not step else None
@@ -97,14 +101,16 @@ def parse_records(text: str, dropped: list[str] | None = None) -> list[tuple[int
             if line.strip():
                 current = None  # any other output ends a one-key-per-line record
             continue
+        if current is None:  # never: pairs come with a step line or with its record's continuation
+            continue
         for key, value in pairs:
             current[key] = value_of(value)
     return records
 
 
-def split_runs(records: list[tuple[int, dict]]) -> list[list[tuple[int, dict]]]:
+def split_runs(records: list[Record]) -> list[list[Record]]:
     """A step that does not go up means a restarted or second run."""
-    runs: list[list[tuple[int, dict]]] = []
+    runs: list[list[Record]] = []
     for record in records:
         if not runs or record[0] <= runs[-1][-1][0]:
             runs.append([])
@@ -137,11 +143,11 @@ def notebook_output(text: str) -> str:
     return "\n".join(out)
 
 
-def describe(runs: list[list[tuple[int, dict]]]) -> str:
+def describe(runs: list[list[Record]]) -> str:
     return "; ".join(f"run {i}: steps {r[0][0]}-{r[-1][0]} ({len(r)} lines)" for i, r in enumerate(runs, 1))
 
 
-def convert(text: str, run: int | None = None, dropped: list[str] | None = None) -> list[tuple[int, dict]]:
+def convert(text: str, run: int | None = None, dropped: list[str] | None = None) -> list[Record]:
     """The step records of one run. Raises ConsoleLogError with what the file holds when it cannot choose."""
     runs = split_runs(parse_records(text, dropped))
     if not runs:
@@ -155,7 +161,7 @@ def convert(text: str, run: int | None = None, dropped: list[str] | None = None)
     return runs[run - 1]
 
 
-def to_jsonl(records: Iterable[tuple[int, dict]]) -> str:
+def to_jsonl(records: Iterable[Record]) -> str:
     # Compact like orjson; None already stands for NaN/Inf, so allow_nan=False guards the format.
     return "".join(json.dumps({"step": s, "data": d}, separators=(",", ":"), allow_nan=False) + "\n"
                    for s, d in records)

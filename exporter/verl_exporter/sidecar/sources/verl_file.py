@@ -29,8 +29,8 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from ...exposition.selfmetrics import SelfMetrics
 from ..store import TrainingStore
@@ -60,7 +60,7 @@ class Rejected(NamedTuple):
     detail: str
 
 
-def parse_line(line: bytes) -> Mapping | Rejected | None:
+def parse_line(line: bytes) -> Mapping[str, Any] | Rejected | None:
     """The one reading of a log line, for the live follower and the recount alike: the logged object (its
     ``data`` a mapping), why it is rejected, or None for a blank line.
 
@@ -151,7 +151,8 @@ class LineSplitter:
 class VerlFileFollower:
     def __init__(self, path: str, store: TrainingStore, self_metrics: SelfMetrics,
                  poll_interval: float = DEFAULT_POLL_S, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                 recover_bytes: int = DEFAULT_RECOVER_BYTES, clock=time.time, chunk_bytes: int = _CHUNK):
+                 recover_bytes: int = DEFAULT_RECOVER_BYTES, clock: Callable[[], float] = time.time,
+                 chunk_bytes: int = _CHUNK):
         self.path = path
         self._store = store
         self._self = self_metrics
@@ -258,7 +259,7 @@ class VerlFileFollower:
 
     def _finish(self) -> None:
         """Read the rest of a file that was rotated away (it may have been rewritten first)."""
-        self._check_truncated(os.fstat(self._fd).st_size)
+        self._check_truncated(os.fstat(self._open_fd()).st_size)
         self._read_available()
 
     def _check_truncated(self, size: int) -> None:
@@ -284,16 +285,22 @@ class VerlFileFollower:
         """Where the recovered tail starts: after the first newline from start on, or (no newline there)
         inside a line already too long, skipped to its end; a partial last line short enough is read whole.
         The lines before it are the recount's, so that both together read the file as a live follower."""
-        window = os.pread(self._fd, self._max_line + 1, start - 1)
+        window = os.pread(self._open_fd(), self._max_line + 1, start - 1)
         nl = window.find(b"\n")
         if nl >= 0:
             return start + nl, False
         if start - 1 + len(window) >= size:  # the partial last line: how long is it so far?
             before = max(0, start - 1 - self._max_line)
-            line_start = before + os.pread(self._fd, start - 1 - before, before).rfind(b"\n") + 1
+            line_start = before + os.pread(self._open_fd(), start - 1 - before, before).rfind(b"\n") + 1
             if (line_start > before or before == 0) and size - line_start <= self._max_line:
                 return line_start, False
         return start, True
+
+    def _open_fd(self) -> int:
+        """The followed file's descriptor, in the methods that run while it is open."""
+        if self._fd is None:
+            raise RuntimeError(f"{self.path} is not open")
+        return self._fd
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -307,7 +314,7 @@ class VerlFileFollower:
         exactly the size we had read, so this reads the head on every poll: 256 bytes)."""
         if size == 0:
             return True
-        current = os.pread(self._fd, _HEAD, 0)
+        current = os.pread(self._open_fd(), _HEAD, 0)
         if not current.startswith(self._head):
             return False
         self._head = current  # grows to _HEAD bytes as the first line is written
@@ -318,7 +325,7 @@ class VerlFileFollower:
         with a start like the old one's (a resumed run's first line may be) and regrew past our offset."""
         if self._offset <= _HEAD:  # the head covers them
             return True
-        return os.pread(self._fd, len(self._mark), self._offset - len(self._mark)) == self._mark
+        return os.pread(self._open_fd(), len(self._mark), self._offset - len(self._mark)) == self._mark
 
     def _count_nonfinite_before(self, end: int) -> None:
         """Count the NaNs of the lines before the recovered tail, as the live follower counted them: the same
@@ -326,7 +333,7 @@ class VerlFileFollower:
         lines = LineSplitter(self._max_line)
         offset = 0
         while offset < end:
-            chunk = os.pread(self._fd, min(self._chunk, end - offset), offset)
+            chunk = os.pread(self._open_fd(), min(self._chunk, end - offset), offset)
             if not chunk:
                 return
             offset += len(chunk)
