@@ -36,12 +36,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 # The gauges a signal may export (each declared in the spec as verl_detector_<stat>, label `signal`).
-STATS = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
-         "relative_change", "level", "peak_level", "floor_level", "trailing_peak", "trailing_floor", "window_max",
-         "spike_ratio", "held_min", "held_max", "slope_per_second")
+Stat = Literal["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
+               "relative_change", "level", "peak_level", "floor_level", "trailing_peak", "trailing_floor",
+               "window_max", "spike_ratio", "held_min", "held_max", "slope_per_second"]
+STATS: tuple[Stat, ...] = get_args(Stat)
 MIN_STEPS_FLOOR = 10  # no adaptive alert may fire before this many distinct steps
 _MAD_TO_SIGMA = 1.4826 / math.sqrt(2.0)  # MAD of differences of N(0, s) noise -> s
 STEP_METRIC = "verl_timing_seconds"  # its phase=step series is the step's duration, under each verl key scheme
