@@ -31,27 +31,54 @@ before that step (the values after the resume point are superseded, not counted 
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Any
+from typing import Any, Literal, Protocol, get_args
 
 # The gauges a signal may export (each declared in the spec as verl_detector_<stat>, label `signal`).
-STATS = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
-         "relative_change", "level", "peak_level", "floor_level", "trailing_peak", "trailing_floor", "window_max",
-         "spike_ratio", "held_min", "held_max", "slope_per_second")
+Stat = Literal["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
+               "relative_change", "level", "peak_level", "floor_level", "trailing_peak", "trailing_floor",
+               "window_max", "spike_ratio", "held_min", "held_max", "slope_per_second"]
+STATS: tuple[Stat, ...] = get_args(Stat)
 MIN_STEPS_FLOOR = 10  # no adaptive alert may fire before this many distinct steps
 _MAD_TO_SIGMA = 1.4826 / math.sqrt(2.0)  # MAD of differences of N(0, s) noise -> s
 STEP_METRIC = "verl_timing_seconds"  # its phase=step series is the step's duration, under each verl key scheme
 
 
-def step_seconds_keys(spec) -> list[str]:
+# What this module reads of the spec (spec/ imports core, not the other way round): read-only views of a
+# spec.SourceRule, a spec.MetricSpec and a spec.Spec.
+class SourceView(Protocol):
+    @property
+    def pattern(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def compiled(self) -> re.Pattern[str] | None: ...
+    @property
+    def factor(self) -> float: ...
+
+
+class MetricView(Protocol):
+    @property
+    def source(self) -> Sequence[SourceView]: ...
+
+
+class SpecView(Protocol):
+    def __getitem__(self, name: str) -> MetricView: ...
+    def signals(self) -> Sequence[SignalSpec]: ...
+
+
+def step_seconds_keys(spec: SpecView | None) -> list[str]:
     """The verl keys of a step's duration (timing_s/step today, timing/step in older verl), from the spec."""
     try:
-        return [key for key, _ in keys_of(spec[STEP_METRIC], {"phase": "step"})]
-    except (KeyError, TypeError):  # no spec, or one without the metric
-        return ["timing_s/step"]
+        if spec is not None:
+            return [key for key, _ in keys_of(spec[STEP_METRIC], {"phase": "step"})]
+    except KeyError:  # a spec without the metric
+        pass
+    return ["timing_s/step"]
 
 
 def finite(raw: Any) -> float | None:
@@ -117,24 +144,25 @@ class SignalSpec:
     export: tuple[str, ...] = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore")
 
 
-def keys_of(metric, labels: Mapping[str, str]) -> list[tuple[str, float]]:
+def keys_of(metric: MetricView, labels: Mapping[str, str]) -> list[tuple[str, float]]:
     """The verl keys (and their scale) that feed one series of a spec metric: literal sources whose constant
     labels agree, and `match:` patterns filled in from the labels."""
     out: list[tuple[str, float]] = []
     for rule in metric.source:
         if any(rule.labels.get(k, v) != v for k, v in labels.items()):
             continue
-        if rule.literal:
+        compiled = rule.compiled
+        if compiled is None:  # a literal key
             if all(labels.get(k) == v for k, v in rule.labels.items()):
                 out.append((rule.pattern, rule.factor))
             continue
         key = rule.pattern
-        for name in rule.compiled.groupindex:
+        for name in compiled.groupindex:
             if name not in labels:
                 break
             key = key.replace("{" + name + "}", labels[name])
         else:
-            if "{" not in key and rule.compiled.fullmatch(key):
+            if "{" not in key and compiled.fullmatch(key):
                 out.append((key, rule.factor))
     return out
 
@@ -142,7 +170,7 @@ def keys_of(metric, labels: Mapping[str, str]) -> list[tuple[str, float]]:
 class SignalDetector:
     """The rolling state of one signal. ``observe`` costs O(window log window) per step."""
 
-    def __init__(self, spec: SignalSpec, keys: list[tuple[str, float]] | None = None):
+    def __init__(self, spec: SignalSpec, keys: list[tuple[str, float]] | None = None) -> None:
         self.spec = spec
         self.keys = list(keys or [])
         self.values: deque[float] = deque(maxlen=spec.window)
@@ -174,11 +202,11 @@ class SignalDetector:
             seen.pop()
         kept = list(seen)
         self.values.clear()
-        self.values.extend(e.x for e in kept[-self.spec.window:])
+        self.values.extend(e.x for e in kept)  # each deque keeps the last (its maxlen) of them
         self.recent.clear()
-        self.recent.extend(e.x for e in kept[-self.recent.maxlen:])
+        self.recent.extend(e.x for e in kept)
         self.zs.clear()
-        self.zs.extend(e.z for e in kept if e.z is not None)  # the deques keep the last `hold` of them
+        self.zs.extend(e.z for e in kept if e.z is not None)
         self.spikes.clear()
         self.spikes.extend(e.spike for e in kept if e.spike is not None)
         self.levels.clear()
@@ -217,7 +245,7 @@ class SignalDetector:
         self.last_step = step
         s = self.spec
         stats = self.compare(x)
-        slope = stats.pop("slope", None)
+        slope = stats.pop("slope", 0.0)  # there is one whenever there are stats
         z = spike = None
         if stats:
             z = stats["zscore"]
@@ -257,7 +285,7 @@ class SignalDetector:
 class Detectors:
     """Every signal of the spec; fed one logged step (verl's ``data`` dict) at a time."""
 
-    def __init__(self, signals: list[SignalSpec] | tuple[SignalSpec, ...], spec=None):
+    def __init__(self, signals: Sequence[SignalSpec], spec: SpecView | None = None) -> None:
         self.detectors: list[SignalDetector] = []
         for sig in signals:
             keys = keys_of(spec[sig.metric], dict(sig.labels)) if spec is not None else []
@@ -270,7 +298,7 @@ class Detectors:
         self._last_seen: float | None = None
 
     @classmethod
-    def from_spec(cls, spec) -> Detectors:
+    def from_spec(cls, spec: SpecView) -> Detectors:
         return cls(spec.signals(), spec)
 
     def step_seconds(self) -> float | None:

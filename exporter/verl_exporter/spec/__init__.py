@@ -23,11 +23,11 @@ May import: core.detect (the detectors' statistics) and core.models (the typed-f
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_args
 
 from pydantic import (
     AfterValidator,
@@ -39,35 +39,51 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from ..core.detect import SignalSpec
-from ..core.models import FileError, StrictModel, json_schema, parse_yaml, problems, read_yaml, where
+from ..core.models import (
+    FileError,
+    KeyPath,
+    Lines,
+    StrictModel,
+    json_schema,
+    parse_yaml,
+    problems,
+    read_yaml,
+    where,
+)
 from .detectors import DetectEntry
 from .kinds import CROSS_METRIC, KINDS, Alert
 from .kinds.condition import NODES as CONDITION_NODES
 from .panels import Panel
-from .rules import PATTERN_MESSAGES, SEVERITIES, Sentence
+from .rules import PATTERN_MESSAGES, Sentence, Severity
 
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
 # Engines Prometheus scrapes itself (not the sidecar): their entries keep the engine's own names, vllm:..., and
 # may be histograms; the sidecar never exports them.
-SCRAPED_FROM = ("vllm", "sglang")
+Engine = Literal["vllm", "sglang"]
+SCRAPED_FROM: tuple[Engine, ...] = get_args(Engine)
 ANY_NAME_RE = re.compile(rf"^(verl_|{'|'.join(e + ':' for e in SCRAPED_FROM)})[a-z0-9_]*[a-z0-9]$")
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 PLACEHOLDER_RE = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
 
-TYPES = ("gauge", "counter")
-SCRAPED_TYPES = (*TYPES, "histogram")
-LAYERS = ("data", "compute", "resource", "fault", "exporter")
-FIELDS = ("step", "step_time", "nonfinite")
+MetricType = Literal["gauge", "counter"]
+TYPES: tuple[MetricType, ...] = get_args(MetricType)
+ScrapedType = Literal[MetricType, "histogram"]
+Layer = Literal["data", "compute", "resource", "fault", "exporter"]
+LineField = Literal["step", "step_time", "nonfinite"]
 # What feeds a metric: exactly one of these keys of its entry.
 FEEDS = ("source", "field", "collector", "instrumented_by", "scraped_from")
 # The parts of the pack that set metrics from their own code (not through a collector).
-INSTRUMENTED_BY = ("exporter", "detector", "relay")
+InstrumentedBy = Literal["exporter", "detector", "relay"]
+INSTRUMENTED_BY: tuple[InstrumentedBy, ...] = get_args(InstrumentedBy)
 # Base units a name may end with (Prometheus conventions: seconds, bytes, ratios 0-1).
-UNITS = ("", "seconds", "bytes", "ratio", "tokens", "tokens_per_second", "bytes_per_second", "joules", "watts",
-         "celsius", "hertz")
-CONVERSIONS = {
+Unit = Literal["", "seconds", "bytes", "ratio", "tokens", "tokens_per_second", "bytes_per_second", "joules",
+               "watts", "celsius", "hertz"]
+Conversion = Literal["gib_to_bytes", "mib_to_bytes", "kib_to_bytes", "ms_to_seconds", "us_to_seconds",
+                     "percent_to_ratio"]
+CONVERSIONS: dict[Conversion, float] = {  # a factor for each Conversion
     "gib_to_bytes": 1024.0**3,
     "mib_to_bytes": 1024.0**2,
     "kib_to_bytes": 1024.0,
@@ -96,7 +112,7 @@ class SpecError(FileError):
     """A spec that cannot be used; ``problems`` lists every problem, each with its place."""
 
 
-def _compile_match(pattern: str) -> re.Pattern | None:
+def _compile_match(pattern: str) -> re.Pattern[str] | None:
     """A match pattern: literal text with {label} placeholders, each one '/'-free run of characters."""
     if not PLACEHOLDER_RE.search(pattern):
         return None
@@ -115,8 +131,13 @@ def _one_line(text: str) -> str:
 
 LabelName = Annotated[str, StringConstraints(pattern=LABEL_NAME_RE.pattern)]
 Key = Annotated[str, StringConstraints(min_length=1)]
-# A list of the file held as a tuple, immutable like the model that holds it.
-AsTuple = AfterValidator(tuple)
+# A list of the file held as a tuple, immutable like the model that holds it (pydantic validates the list; the
+# type checker sees the tuple its readers get).
+T = TypeVar("T")
+if TYPE_CHECKING:
+    TupleOf: TypeAlias = tuple[T, ...]
+else:
+    TupleOf = Annotated[list[T], AfterValidator(tuple)]
 
 
 class SourceRule(StrictModel):
@@ -127,7 +148,7 @@ class SourceRule(StrictModel):
     labels: dict[str, str] = Field(default_factory=dict, description="constant label values for these keys")
     values: dict[str, Annotated[list[str], Field(min_length=1)]] = Field(
         default_factory=dict, description="allowed values per placeholder (others fall through to later sources)")
-    convert: Literal[tuple(CONVERSIONS)] | None = None
+    convert: Conversion | None = None
     scale: float | None = None
     when_absent: Key | None = Field(None, description="feed only from a line without this key (an older "
                                                       "verl's name for the same quantity)")
@@ -141,7 +162,7 @@ class SourceRule(StrictModel):
         except re.error as e:
             raise ValueError(f"{'regex' if self.regex is not None else 'match'} {self.pattern!r} does not "
                              f"compile: {e}") from None
-        if self.regex is not None and not compiled.groupindex:
+        if self.regex is not None and compiled is not None and not compiled.groupindex:
             raise ValueError(f"regex {self.regex!r} has no named group; use 'match' for a literal key")
         bad = []
         if set(self.captured) & set(self.labels):
@@ -167,7 +188,7 @@ class SourceRule(StrictModel):
     # sidecar's per-key lookups read them as fast as one (a property, or a pydantic private attribute, costs a
     # call each time).
     @cached_property
-    def compiled(self) -> re.Pattern | None:
+    def compiled(self) -> re.Pattern[str] | None:
         """The pattern keys are matched with; None for a literal key."""
         return re.compile(self.regex) if self.regex is not None else _compile_match(self.match or "")
 
@@ -209,31 +230,33 @@ class MetricSpec(StrictModel):
     signals declared on it."""
 
     # first, so that the checks of name and type see it
-    scraped_from: Literal[SCRAPED_FROM] | None = Field(
+    scraped_from: Engine | None = Field(
         None, description="an engine Prometheus scrapes directly (named as it names it, never on the sidecar)")
     name: Annotated[str, StringConstraints(pattern=ANY_NAME_RE.pattern)]
-    type: Literal[SCRAPED_TYPES]
-    unit: Literal[UNITS] = Field("", description="the base unit the name ends with, or '' for a plain number")
+    type: ScrapedType
+    unit: Unit = Field("", description="the base unit the name ends with, or '' for a plain number")
     help: Annotated[Sentence, AfterValidator(_one_line)]
-    layer: Literal[LAYERS]
-    labels: Annotated[list[LabelName], AsTuple] = Field(default_factory=tuple,
-                                                      description="bounded: fixed values or max_series")
-    source: Annotated[list[SourceRule], Field(min_length=1), AsTuple] = Field(
-        default_factory=tuple, description="the verl keys that feed it")
-    field: Literal[FIELDS] | None = Field(None, description="a field of the line itself")
+    layer: Layer
+    labels: TupleOf[LabelName] = Field(default_factory=tuple, description="bounded: fixed values or max_series")
+    # min_length on the Field, so that it checks the file's list (before the tuple)
+    source: TupleOf[SourceRule] = Field(default_factory=tuple, min_length=1, description="the verl keys that feed it")
+    field: LineField | None = Field(None, description="a field of the line itself")
     collector: LabelName | None = Field(None, description="a collector fills it: the sidecar's "
                                                           "(sidecar/collectors/<name>.py) or the Monitor's torch")
-    instrumented_by: Literal[INSTRUMENTED_BY] | None = Field(
+    instrumented_by: InstrumentedBy | None = Field(
         None, description="code of the pack sets it directly: exporter (the sidecar's own health), detector (its "
                           "adaptive detectors), relay (the relay's own health)")
     max_series: int | None = Field(None, ge=1, description="cap on label-value combinations (default: "
                                                             "defaults.max_series)")  # the Spec applies it
     # held as Alert, Panel and SignalSpec objects (_on_this_metric, _signals)
-    alerts: list[Alert] = Field(default_factory=tuple)
-    panels: list[Panel] = Field(default_factory=tuple)
-    record: Annotated[list[RecordingKind | RecordingEntry], AsTuple] = Field(
+    alerts: TupleOf[Alert] = Field(default_factory=tuple)
+    panels: TupleOf[Panel] = Field(default_factory=tuple)
+    record: TupleOf[RecordingKind | RecordingEntry] = Field(
         default_factory=tuple, description="generated recordings (names), and written ones ({record, expr})")
-    detect: list[DetectEntry] = Field(default_factory=tuple)
+    if TYPE_CHECKING:  # the file's entries, held as what _signals makes of them
+        detect: tuple[SignalSpec, ...] = ()
+    else:
+        detect: list[DetectEntry] = Field(default_factory=tuple)
 
     @field_validator("name")
     @classmethod
@@ -298,7 +321,7 @@ class MetricSpec(StrictModel):
 
     @field_validator("source")
     @classmethod
-    def _sources_give_the_labels(cls, sources: tuple[SourceRule, ...], info: ValidationInfo):
+    def _sources_give_the_labels(cls, sources: tuple[SourceRule, ...], info: ValidationInfo) -> tuple[SourceRule, ...]:
         labels = info.data.get("labels")
         for j, s in enumerate(sources):
             got = set(s.captured) | set(s.labels)
@@ -311,7 +334,7 @@ class MetricSpec(StrictModel):
     # name: this is the one place their entries are converted.
     @field_validator("alerts", "panels")
     @classmethod
-    def _on_this_metric(cls, entries: list, info: ValidationInfo) -> tuple[Alert, ...] | tuple[Panel, ...]:
+    def _on_this_metric(cls, entries: Sequence[Alert | Panel], info: ValidationInfo) -> tuple[Alert | Panel, ...]:
         name = info.data.get("name", "")
         return tuple(e.on_metric(name) for e in entries)
 
@@ -370,21 +393,22 @@ class RulesConfig(StrictModel):
     """Where the generated rules and dashboards point: the job selector, the runbook, the evaluation interval,
     and how Alertmanager reaches the relay."""
 
-    selector: str = Field('job="verl"', description='the label matchers of the scrape job, e.g. job="verl"')
+    selector: str = Field(default='job="verl"', description='the label matchers of the scrape job, e.g. job="verl"')
     runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
     evaluation_interval: str = "30s"
-    relay_url: str = Field("http://127.0.0.1:9095", description="where Alertmanager's receivers post "
-                                                                 "(verl-exporter relay)")
+    relay_url: str = Field(default="http://127.0.0.1:9095", description="where Alertmanager's receivers post "
+                                                                         "(verl-exporter relay)")
     # 200 of the pack's largest alert (~2.2 KB with its generatorURL) are under half the relay's 1 MiB
     # max_body_bytes; the rest is counted in truncatedAlerts
-    max_alerts: int = Field(200, ge=1, description="alerts per webhook to the relay (Alertmanager's max_alerts)")
-    routing: dict[LabelName, dict[Literal[SEVERITIES], Key]] = Field(
+    max_alerts: int = Field(default=200, ge=1,
+                            description="alerts per webhook to the relay (Alertmanager's max_alerts)")
+    routing: dict[LabelName, dict[Severity, Key]] = Field(
         default_factory=dict, description="team -> severity -> receiver name (an overrides file's global.routing "
                                           "adds to it); unset: <team>-<severity>")
 
 
 class Defaults(StrictModel):
-    max_series: int = Field(64, ge=1)
+    max_series: int = Field(default=64, ge=1)
 
 
 class Spec(StrictModel):
@@ -392,12 +416,12 @@ class Spec(StrictModel):
 
     version: Literal[1]
     rules: RulesConfig = Field(default_factory=RulesConfig)
-    target_labels: Annotated[list[LabelName], AsTuple] = Field(
+    target_labels: TupleOf[LabelName] = Field(
         default_factory=tuple, description="labels the sidecar adds to every series (--run, --rank)")
     defaults: Defaults = Field(default_factory=Defaults)
     metrics: Annotated[list[MetricSpec], Field(min_length=1)]
-    global_alerts: list[Alert] = Field(default_factory=tuple, alias="alerts",
-                                            description="alerts on several metrics")
+    global_alerts: TupleOf[Alert] = Field(default_factory=tuple, alias="alerts",
+                                          description="alerts on several metrics")
     _overrides: str = PrivateAttr("")  # the overrides file applied (spec.overrides.apply_overrides), if any
 
     @field_validator("metrics")
@@ -409,12 +433,12 @@ class Spec(StrictModel):
 
     @field_validator("global_alerts")
     @classmethod
-    def _cross_metric(cls, entries: list[Alert]) -> tuple[Alert, ...]:
+    def _cross_metric(cls, entries: Sequence[Alert]) -> tuple[Alert, ...]:
         return tuple(a.on_metric(CROSS_METRIC) for a in entries)
 
-    def cross_problems(self) -> list[tuple[tuple, str]]:
+    def cross_problems(self) -> list[tuple[KeyPath, str]]:
         """(key path, message) of each problem across entries."""
-        out: list[tuple[tuple, str]] = []
+        out: list[tuple[KeyPath, str]] = []
         seen: dict[tuple[str, str], Any] = {}
 
         def clash(what: str, name: str, owner: Any) -> Any:
@@ -430,8 +454,9 @@ class Spec(StrictModel):
             out += [((*at, "labels", k), f"label {lab!r} is reserved (a target label)")
                     for k, lab in enumerate(m.labels) if lab in self.target_labels]
             for j, s in enumerate(m.source):
-                literal = s.match and not s.captured and not s.when_absent  # a conditional one may share its key
-                if literal and (other := clash("key", s.match, m.name)) is not None:
+                # a literal key feeds one metric; a conditional one (when_absent) may share its key
+                if s.match and not s.captured and not s.when_absent and (
+                        other := clash("key", s.match, m.name)) is not None:
                     out.append(((*at, "source", j), f"key {s.match!r} already feeds {other!r}"))
             if m.field and (other := clash("field", m.field, m.name)) is not None:
                 out.append(((*at, "field"), f"field {m.field!r} already feeds {other!r}"))
@@ -444,7 +469,8 @@ class Spec(StrictModel):
                 out += [((*at, "detect", j, "export"), f"exports {stat} but verl_detector_{stat} is not declared "
                          "(instrumented_by: detector)") for stat in d.export
                         if f"verl_detector_{stat}" not in detector_gauges]
-        alerts = [(("metrics", i, "alerts", j), a) for i, m in enumerate(self.metrics) for j, a in enumerate(m.alerts)]
+        alerts: list[tuple[KeyPath, Alert]] = [(("metrics", i, "alerts", j), a) for i, m in enumerate(self.metrics)
+                                               for j, a in enumerate(m.alerts)]
         alerts += [(("alerts", j), a) for j, a in enumerate(self.global_alerts)]
         names = {a.alert for _, a in alerts}
         for path, a in alerts:
@@ -468,7 +494,7 @@ class Spec(StrictModel):
     def by_name(self) -> dict[str, MetricSpec]:
         return {m.name: m for m in self.metrics}
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Spec:
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Spec:
         """A copy (with ``update`` applied, unvalidated) whose index of metrics by name follows its metrics."""
         copied = super().model_copy(update=update, deep=deep)
         copied.__dict__.pop("by_name", None)  # cached from the metrics copied, maybe not the copy's own
@@ -523,7 +549,7 @@ _PATTERN_MESSAGES = {
 }
 
 
-def _locate(loc: tuple) -> tuple:
+def _locate(loc: KeyPath) -> KeyPath:
     """An alert's error location without the kind tag pydantic puts after it (the file does not spell it),
     nor the branch names of a condition's nodes; a missing or unknown kind is the kind key's problem."""
     def tag(i: int) -> bool:
@@ -536,7 +562,7 @@ def _locate(loc: tuple) -> tuple:
     return tuple(part for i, part in enumerate(loc) if not tag(i))
 
 
-def _hint(err: dict, path: tuple) -> str | None:
+def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     """The spec's own words for a failed literal or pattern (pydantic's are generic)."""
     if err["type"] == "union_tag_invalid":
         return f"kind: must be one of {list(KINDS)}, got {err['ctx']['tag']!r}"
@@ -559,7 +585,7 @@ def _line_of(problem: str) -> int:
 class _Part:
     """One file of a spec: the origin its problems name, its document and its key lines."""
 
-    def __init__(self, origin: str, doc: Any, lines: dict[tuple, int]):
+    def __init__(self, origin: str, doc: Any, lines: Lines) -> None:
         self.origin, self.doc, self.lines = origin, doc, lines
 
 
@@ -580,7 +606,7 @@ def _read(path: str | Path | None) -> tuple[list[_Part], str]:
     return [_Part(str(path), *read_yaml(path, SpecError))], str(path)
 
 
-def _merge(parts: list[_Part], origin: str) -> tuple[dict, Callable[[tuple], tuple[_Part, tuple]]]:
+def _merge(parts: list[_Part], origin: str) -> tuple[dict[str, Any], Callable[[KeyPath], tuple[_Part, KeyPath]]]:
     """(the merged document, a function giving the file and the path in it of a path of the merged document).
     The files' MERGED lists are concatenated in file order; any other top-level key may be in one file only."""
     for part in parts:
@@ -589,7 +615,7 @@ def _merge(parts: list[_Part], origin: str) -> tuple[dict, Callable[[tuple], tup
     if len(parts) == 1:  # a single file is its own document
         return parts[0].doc, lambda path: (parts[0], path)
     whole = _Part(origin, {}, {})  # where a problem of no one file is (a key none of them gives)
-    doc: dict = {}
+    doc: dict[str, Any] = {}
     holder: dict[Any, _Part] = {}  # the file of each top-level key (the first, for a merged list)
     items: dict[str, list[tuple[_Part, int]]] = {key: [] for key in MERGED}
     clashes = []
@@ -610,7 +636,7 @@ def _merge(parts: list[_Part], origin: str) -> tuple[dict, Callable[[tuple], tup
     if clashes:
         raise SpecError(clashes, origin)
 
-    def locate(path: tuple) -> tuple[_Part, tuple]:
+    def locate(path: KeyPath) -> tuple[_Part, KeyPath]:
         if len(path) > 1 and path[0] in MERGED and isinstance(path[1], int) and path[1] < len(items[path[0]]):
             part, i = items[path[0]][path[1]]
             return part, (path[0], i, *path[2:])
@@ -619,7 +645,7 @@ def _merge(parts: list[_Part], origin: str) -> tuple[dict, Callable[[tuple], tup
     return doc, locate
 
 
-def _value(doc: Any, path: tuple) -> Any:
+def _value(doc: Any, path: KeyPath) -> Any:
     for key in path:
         try:
             doc = doc[key]
@@ -628,7 +654,7 @@ def _value(doc: Any, path: tuple) -> Any:
     return doc
 
 
-def _first_declared(parts: list[_Part], part: _Part, at: tuple, message: str) -> str:
+def _first_declared(parts: list[_Part], part: _Part, at: KeyPath, message: str) -> str:
     """' (first at FILE:LINE)' for a name declared twice: the first place that gives it under the same key."""
     twice = re.fullmatch(r"\w+ '(.+)' is declared twice", message)
     if not twice:
@@ -650,7 +676,7 @@ def _parse(parts: list[_Part], origin: str) -> Spec:
     try:
         model = Spec.model_validate(doc)
     except ValidationError as e:
-        by_part: dict[_Part, list[dict]] = {}
+        by_part: dict[_Part, list[ErrorDetails]] = {}
         for err in e.errors():
             by_part.setdefault(locate(err["loc"])[0], []).append(err)
         raise SpecError([text for part in sorted(by_part, key=lambda p: rank(p, -1))
@@ -666,7 +692,7 @@ def _parse(parts: list[_Part], origin: str) -> Spec:
     return model
 
 
-def parse_spec(doc: Any, origin: str = "spec", lines: dict[tuple, int] | None = None) -> Spec:
+def parse_spec(doc: Any, origin: str = "spec", lines: Lines | None = None) -> Spec:
     """Validate a parsed YAML document and build the Spec; raise SpecError listing every problem."""
     return _parse([_Part(origin, doc, lines or {})], origin)
 
@@ -677,12 +703,12 @@ def load_spec(path: str | Path | None = None) -> Spec:
     return _parse(*_read(path))
 
 
-def spec_document(path: str | Path | None = None) -> dict:
+def spec_document(path: str | Path | None = None) -> dict[str, Any]:
     """A spec's document as the loader merges it, unvalidated (to edit and give to parse_spec)."""
     return _merge(*_read(path))[0]
 
 
-def schema() -> dict:
+def schema() -> dict[str, Any]:
     """The JSON Schema of a spec file (``verl-exporter schema spec``). No key is required: a file of a spec
     directory holds part of the spec, and the loader checks the merged whole."""
     doc = json_schema(Spec, "verl-exporter metric spec (a spec file, or one file of a spec directory)")

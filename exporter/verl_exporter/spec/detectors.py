@@ -4,11 +4,11 @@ baselines are built (see ``verl_exporter.core.detect``)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, StringConstraints, model_validator
 
-from ..core.detect import MIN_STEPS_FLOOR, STATS, SignalSpec
+from ..core.detect import MIN_STEPS_FLOOR, SignalSpec, Stat
 from ..core.models import StrictModel
 
 SIGNAL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -28,7 +28,7 @@ class DetectEntry(StrictModel):
     floor: float = Field(0.0, ge=0, description="absolute floor of the spread")
     rel_floor: float = Field(0.02, ge=0, description="floor of the spread as a share of |expected|")
     trend: bool = Field(True, description="project the window's trend (off for values that should be flat)")
-    export: list[Literal[STATS]] = ["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore"]
+    export: list[Stat] = ["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore"]
 
     @model_validator(mode="after")
     def _min_steps(self) -> DetectEntry:

@@ -34,17 +34,19 @@ import logging
 import math
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator
+from pydantic_core import ErrorDetails
 
 from ..core.detect import MIN_STEPS_FLOOR
-from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate, where
-from . import LABEL_NAME_RE, Spec, load_spec
+from ..core.models import FileError, KeyPath, Lines, StrictModel, json_schema, read_yaml, validate, where
+from . import LabelName, Spec, load_spec
 from .kinds import Alert
-from .rules import ALERT_NAME_RE, DURATION_RE, SEVERITIES, in_range
+from .rules import SEVERITIES, AlertName, Duration, Severity, in_range
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +57,7 @@ _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
 SELECTOR_RE = re.compile(rf"^{_MATCHER}(,{_MATCHER})*$")
 RECEIVER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # the last part of the relay's URL path
 
-Duration = Annotated[str, StringConstraints(pattern=DURATION_RE.pattern)]
-Severity = Literal["critical", "warning", "info"]
-LabelName = Annotated[str, StringConstraints(pattern=LABEL_NAME_RE.pattern)]
 Receiver = Annotated[str, StringConstraints(pattern=RECEIVER_RE.pattern)]
-AlertName = Annotated[str, StringConstraints(pattern=ALERT_NAME_RE.pattern)]
 Url = Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
 
 
@@ -90,11 +88,11 @@ class AlertOverride(StrictModel):
 class GlobalOverrides(StrictModel):
     """Where the rules point and where the alerts go."""
 
-    selector: str | None = Field(None, description='label matchers every rule selects with, e.g. job="verl"')
-    runbook_url: Url | None = Field(None, description="base URL of the runbook; #<alertname> is appended")
-    relay_url: Url | None = Field(None, description="where Alertmanager's receivers post (verl-exporter relay)")
-    evaluation_interval: Duration | None = Field(None, description="how often Prometheus evaluates the rules")
-    max_alerts: int | None = Field(None, ge=1, description="alerts per webhook to the relay (Alertmanager's "
+    selector: str | None = Field(default=None, description='label matchers every rule selects with, e.g. job="verl"')
+    runbook_url: Url | None = Field(default=None, description="base URL of the runbook; #<alertname> is appended")
+    relay_url: Url | None = Field(default=None, description="where Alertmanager's receivers post (verl-exporter relay)")
+    evaluation_interval: Duration | None = Field(default=None, description="how often Prometheus evaluates the rules")
+    max_alerts: int | None = Field(default=None, ge=1, description="alerts per webhook to the relay (Alertmanager's "
                                                            "max_alerts); keep max_alerts x 2.2 KB under the "
                                                            "relay's max_body_bytes")
     routing: dict[LabelName, Receiver | dict[Severity, Receiver]] = Field(
@@ -127,21 +125,21 @@ class LoadedOverrides:
 
     model: Overrides
     origin: str = "overrides"
-    lines: dict[tuple, int] = field(default_factory=dict)
+    lines: Lines = field(default_factory=dict)
 
-    def where(self, *path) -> str:
+    def where(self, *path: str | int) -> str:
         """'FILE:LINE' of the deepest key of path the file has."""
         return where(self.origin, self.lines, path)
 
 
-def _hint(err: dict, path: tuple) -> str | None:
+def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     if path and path[-1] in ("for", "evaluation_interval") and err["type"] in ("string_type",
                                                                                "string_pattern_mismatch"):
         return f"must be a Prometheus duration like 10m, got {err['input']!r}"
     return None
 
 
-def parse_overrides(doc: Any, origin: str = "overrides", lines: dict[tuple, int] | None = None) -> LoadedOverrides:
+def parse_overrides(doc: Any, origin: str = "overrides", lines: Lines | None = None) -> LoadedOverrides:
     """Validate a parsed YAML document (structure only; apply_overrides checks it against a spec)."""
     lines = lines or {}
     if doc is None:
@@ -178,7 +176,7 @@ def is_hard_safety(spec: Spec, alert: Alert) -> bool:
     return alert.metric in spec and spec[alert.metric].layer == "fault"
 
 
-def teams_of(alerts: list[Alert]) -> set[str]:
+def teams_of(alerts: Sequence[Alert]) -> set[str]:
     return {a.labels.get("team", DEFAULT_TEAM) for a in alerts}
 
 
@@ -206,8 +204,8 @@ def signal_min_steps(spec: Spec, loaded: LoadedOverrides, problems: list[str]) -
     return out
 
 
-def _routing(model: GlobalOverrides) -> dict[str, dict[str, str]]:
-    out = {}
+def _routing(model: GlobalOverrides) -> dict[str, dict[Severity, str]]:
+    out: dict[str, dict[Severity, str]] = {}
     for team, target in model.routing.items():
         out[team] = {s: target for s in SEVERITIES} if isinstance(target, str) else dict(target)
     return out
@@ -218,7 +216,7 @@ def _line_of(problem: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | None) -> Spec:
+def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[str, Any] | None) -> Spec:
     """The effective spec: the spec with the overrides applied. Raises OverridesError naming every problem."""
     if overrides is None:
         return spec
@@ -238,7 +236,7 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
                             + (f" (did you mean {near[0]}?)" if near else ""))
             continue
         own = alert.knobs()
-        values = {}
+        values: dict[str, float] = {}
         for knob, value in ov.thresholds.items():
             where = f"{loaded.where('alerts', name, 'thresholds', knob)}: alerts.{name}.thresholds.{knob}"
             if knob not in own:
@@ -262,7 +260,7 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
             alert = alert.model_copy(update={"labels": {**alert.labels, **ov.labels}})
         changed[name] = alert
     min_steps = signal_min_steps(spec, loaded, problems)
-    enabled = [changed.get(a.alert, a) for a in spec.alerts() if changed.get(a.alert, a) is not None]
+    enabled = [e for e in (changed.get(a.alert, a) for a in spec.alerts()) if e is not None]
     teams = teams_of(enabled)
     for team in model.global_.routing:
         if team not in teams:
@@ -274,15 +272,15 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
         raise OverridesError(sorted(problems, key=_line_of), loaded.origin)
     off = {name for name, a in changed.items() if a is None}
 
-    def effective(alerts: tuple[Alert, ...]) -> tuple[Alert, ...]:
-        out = []
+    def effective(alerts: Sequence[Alert]) -> tuple[Alert, ...]:
+        out: list[Alert] = []
         for a in alerts:
-            a = changed.get(a.alert, a)
-            if a is None:
+            e = changed.get(a.alert, a)
+            if e is None:
                 continue
-            if set(a.inhibits) & off:
-                a = a.model_copy(update={"inhibits": [t for t in a.inhibits if t not in off]})
-            out.append(a)
+            if set(e.inhibits) & off:
+                e = e.model_copy(update={"inhibits": [t for t in e.inhibits if t not in off]})
+            out.append(e)
         return tuple(out)
 
     metrics = []
@@ -301,7 +299,7 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict | 
 
 
 def load_effective_spec(spec_path: str | None = None, overrides: str | None = None,
-                        announce=None) -> Spec:
+                        announce: Callable[[str], object] | None = None) -> Spec:
     """The spec (packaged, or spec_path) with the overrides file resolved by resolve_path() applied.
     announce(path) is called with the file used. Raises SpecError or OverridesError."""
     spec = load_spec(spec_path)
@@ -325,7 +323,7 @@ class KnobRow:
     note: str = ""
 
 
-def _fmt(value) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.12g}"
     if isinstance(value, dict):
@@ -341,7 +339,7 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
     model = loaded.model
     rows: list[KnobRow] = []
 
-    def src(*path) -> str:
+    def src(*path: str | int) -> str:
         return loaded.where(*path) if loaded.origin else "spec"
 
     g = model.global_
@@ -387,14 +385,14 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
     return rows
 
 
-def schema(spec: Spec | None = None) -> dict:
+def schema(spec: Spec | None = None) -> dict[str, Any]:
     """The JSON Schema of an overrides file for this spec (the packaged one by default): the model's, with the
     spec's alert names, each alert's knob names (and ranges) and the teams spelled out."""
     spec = spec or load_spec()
     doc = json_schema(Overrides, "verl-exporter overrides (verl-exporter.yaml)")
-    props = {}
+    props: dict[str, Any] = {}
     for a in spec.alerts():
-        thresholds = {}
+        thresholds: dict[str, Any] = {}
         for name, p in a.knobs().items():
             t: dict[str, Any] = {"type": "number", "description": f"default {p.value:g}; fires when the watched "
                                                                   f"value {p.op} it"}

@@ -9,17 +9,17 @@ from pydantic import Field, PrivateAttr, StringConstraints, model_validator
 from ..core.models import StrictModel
 from .rules import Number
 
-DASHBOARDS = ("overview", "training", "gpu", "host", "engines")
-PANEL_TYPES = ("timeseries", "bars", "stat", "heatmap", "bargauge", "table")
+Dashboard = Literal["overview", "training", "gpu", "host", "engines"]
+PanelType = Literal["timeseries", "bars", "stat", "heatmap", "bargauge", "table"]
 
 
 class Panel(StrictModel):
     """A dashboard panel drawing the entry's metric (or a query of its own)."""
 
-    dashboard: Literal[DASHBOARDS]
+    dashboard: Dashboard
     row: str = ""
     title: Annotated[str, StringConstraints(min_length=1)]
-    type: Literal[PANEL_TYPES] = "timeseries"
+    type: PanelType = "timeseries"
     query: str = Field("<metric>{<sel>}", description="PromQL with <metric> and <sel>")
     legend: str = ""
     moving_average: str = ""

@@ -20,7 +20,8 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
@@ -29,9 +30,12 @@ from ..core.models import StrictModel
 
 ALERT_NAME_RE = re.compile(r"^Verl[A-Z][A-Za-z0-9]*$")
 DURATION_RE = re.compile(r"^(\d+[smhd])+$")
-SEVERITIES = ("critical", "warning", "info")
-OPS = (">", "<", ">=", "<=")
-DIRECTIONS = ("up", "down", "both")
+Severity = Literal["critical", "warning", "info"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+Op = Literal[">", "<", ">=", "<="]
+OPS: tuple[Op, ...] = get_args(Op)
+Direction = Literal["up", "down", "both"]
+DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
 # The only Go-template constructs a summary/description may use, so that tests can expand them exactly.
 TEMPLATE_RE = re.compile(r"\{\{\s*(\$value\s*\|\s*printf\s+\"%\.\d+[gf]\"|\$labels\.[a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 PARAM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -87,12 +91,11 @@ class Param(StrictModel):
     condition alert's ``params:``; the other kinds make theirs from their own keys (``knobs()``)."""
 
     value: float
-    op: Literal[OPS] = Field(">", description="the watched quantity {op} value fires")
+    op: Op = Field(">", description="the watched quantity {op} value fires")
     min: float | None = None
     max: float | None = None
-    quantity: str | None = Field(None, description="expr alerts: the PromQL (with <metric>, <sel> and knobs) of "
-                                                   "what the knob is compared with, where the rest holds; "
-                                                   "calibrate reads it")
+    quantity: str | None = Field(default=None, description="expr alerts: the PromQL (with <metric>, <sel> and "
+                                 "knobs) of what the knob is compared with, where the rest holds; calibrate reads it")
 
     @model_validator(mode="after")
     def _in_range(self) -> Param:
@@ -117,7 +120,7 @@ def fmt_knob(value: float) -> str:
 
 
 def render_text(text: str, values: dict[str, float]) -> str:
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         if m.group(1) not in values:
             return m.group(0)
         v = values[m.group(1)]
@@ -137,8 +140,9 @@ def fill_test_text(text: str, values: dict[str, float]) -> str:
     return TEST_EXPR_RE.sub(lambda m: fmt_knob(eval_knob_expr(m.group(1), values)), text)
 
 
-_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b}
+_BINOPS: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -154,7 +158,7 @@ def eval_knob_expr(text: str, values: dict[str, float]) -> float:
     """Arithmetic over knobs: numbers, names, + - * /, unary -, min(), max(). Raises ValueError otherwise."""
     tree = _parse_knob_expr(text)
 
-    def ev(node) -> float:
+    def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Annotated, Union
+from typing import TYPE_CHECKING, Annotated, TypeAlias, Union
 
 from pydantic import Field
 
@@ -19,6 +19,9 @@ from .base import CROSS_METRIC, KINDS, AlertBase, StepView
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-Alert = Annotated[Union[tuple(KINDS.values())], Field(discriminator="kind")]  # noqa: UP007
+if TYPE_CHECKING:  # the union is only known once the modules have registered; statically, every kind is one
+    Alert: TypeAlias = AlertBase
+else:
+    Alert = Annotated[Union[tuple(KINDS.values())], Field(discriminator="kind")]  # noqa: UP007
 
 __all__ = ["CROSS_METRIC", "KINDS", "Alert", "AlertBase", "StepView"]

@@ -7,14 +7,13 @@ spec's ``alerts:`` lists are the union of the registered kinds, told apart by ``
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ...core.models import StrictModel
 from ..rules import (
     RESERVED_PLACEHOLDERS,
-    SEVERITIES,
     TEMPLATE_RE,
     TEST_EXPR_RE,
     TEXT_PLACEHOLDER_RE,
@@ -23,9 +22,13 @@ from ..rules import (
     Param,
     ParamName,
     Sentence,
+    Severity,
     eval_knob_expr,
     render_text,
 )
+
+if TYPE_CHECKING:
+    from .. import Spec
 
 KINDS: dict[str, type[AlertBase]] = {}  # kind name -> its model, in registration order
 CROSS_METRIC = "(cross-metric)"  # the metric of an alert declared at the top level
@@ -54,7 +57,7 @@ class AlertBase(StrictModel):
 
     kind: str
     alert: AlertName
-    severity: Literal[SEVERITIES]
+    severity: Severity
     summary: Sentence
     description: Sentence
     for_: Duration = Field("0m", alias="for")
@@ -91,7 +94,7 @@ class AlertBase(StrictModel):
     def promql(self, sel: str) -> str:
         raise NotImplementedError
 
-    def test_case(self, spec) -> dict:
+    def test_case(self, spec: Spec) -> dict[str, Any]:
         """The alert's promtool test group (promtool.group)."""
         raise NotImplementedError
 
@@ -115,7 +118,7 @@ class AlertBase(StrictModel):
         """Metrics other than its entry's that it names in its declaration (checked to exist)."""
         return ()
 
-    def blind_reason(self, spec) -> str | None:
+    def blind_reason(self, spec: Spec) -> str | None:
         """Why a trainer process cannot judge this alert itself (None: the breaker can)."""
         return f"a {self.kind} alert is judged by Prometheus only"
 

@@ -17,17 +17,20 @@ sidecar's, matched on (job, instance, run, rank) where their labels differ.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from ...core.detect import STATS
+from ...core.detect import Stat
 from ...core.models import StrictModel
-from ..rules import OPS, Number, eval_knob_expr, fmt_knob
+from ..rules import Number, Op, eval_knob_expr, fmt_knob
 from . import promtool
 from .base import AlertBase, StepView, WithParams, WithTest, register
 from .promql import JOIN, matchers_text, vector
 from .threshold import COMPARE, verl_keyed
+
+if TYPE_CHECKING:
+    from .. import Spec
 
 
 class Term(StrictModel):
@@ -36,7 +39,7 @@ class Term(StrictModel):
     metric: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     signal: str | None = None
-    stat: Literal[STATS] | None = None
+    stat: Stat | None = None
     times: str | None = Field(None, description="a knob expression the series is multiplied by")
 
     @model_validator(mode="after")
@@ -49,19 +52,23 @@ class Term(StrictModel):
             raise ValueError("stat is for a signal's term")
         return self
 
-    def identity(self) -> tuple:
+    def identity(self) -> tuple[str, object]:
         """What tells its series apart from another term's of the same sidecar (besides the name)."""
         return ("signal", self.signal) if self.signal else ("labels", tuple(sorted(self.labels.items())))
 
     def promql(self, sel: str, knobs: dict[str, float]) -> str:
-        if self.signal:
+        if self.metric is None:  # a signal's statistic
             text = vector(f"verl_detector_{self.stat}", f'signal="{self.signal}"', sel)
         else:
             text = vector(self.metric, matchers_text(self.labels), sel)
         return f"{fmt_knob(eval_knob_expr(self.times, knobs))} * {text}" if self.times else text
 
     def value(self, view: StepView, knobs: dict[str, float]) -> float | None:
-        x = view.stat(self.signal, self.stat) if self.signal else view.value(self.metric, self.labels)
+        if self.metric is None:
+            assert self.signal is not None and self.stat is not None  # _one_series
+            x = view.stat(self.signal, self.stat)
+        else:
+            x = view.value(self.metric, self.labels)
         if x is None or not self.times:
             return x
         return x * eval_knob_expr(self.times, knobs)
@@ -70,7 +77,7 @@ class Term(StrictModel):
         return _names(self.times)
 
     def words(self) -> str:
-        if self.signal:
+        if self.metric is None:
             return f"{self.signal} {self.stat}"
         return self.metric + (f"{{{', '.join(f'{k}={v}' for k, v in self.labels.items())}}}" if self.labels else "")
 
@@ -78,7 +85,7 @@ class Term(StrictModel):
 class Compare(Term):
     """``<term> op than``: than is a number, a knob expression or another term."""
 
-    op: Literal[OPS]
+    op: Op
     than: Number | str | Term
 
     def promql(self, sel: str, knobs: dict[str, float]) -> str:
@@ -89,7 +96,10 @@ class Compare(Term):
         return f"{left} {self.op} {fmt_knob(self.bound(knobs))}"
 
     def bound(self, knobs: dict[str, float]) -> float:
-        return float(self.than) if isinstance(self.than, (int, float)) else eval_knob_expr(self.than, knobs)
+        than = self.than
+        if isinstance(than, Term):
+            raise TypeError("a comparison with a term has no fixed bound")
+        return float(than) if isinstance(than, (int, float)) else eval_knob_expr(than, knobs)
 
     def judge(self, view: StepView, knobs: dict[str, float]) -> float | None:
         x = super().value(view, knobs)
@@ -153,7 +163,7 @@ class AnyOf(StrictModel):
         return set().union(*(c.knob_names() for c in self.any))
 
 
-def _node_of(doc) -> str:
+def _node_of(doc: object) -> str:
     if isinstance(doc, dict):
         return "all" if "all" in doc else "any" if "any" in doc else "compare"
     return "all" if isinstance(doc, AllOf) else "any" if isinstance(doc, AnyOf) else "compare"
@@ -208,8 +218,8 @@ class ConditionAlert(WithParams, WithTest, AlertBase):
     def promql(self, sel: str) -> str:
         return self.when.promql(sel, self.knob_values())
 
-    def test_case(self, spec) -> dict:
-        return promtool.explicit_case(spec, self)
+    def test_case(self, spec: Spec) -> dict[str, Any]:
+        return promtool.explicit_case(spec, self, self.test or {})  # a test is required (_common)
 
     def signals(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t.signal for t in self.when.terms() if t.signal))
@@ -220,7 +230,7 @@ class ConditionAlert(WithParams, WithTest, AlertBase):
     def series_read(self) -> list[tuple[str, dict[str, str]]]:
         return [(t.metric, t.labels) for t in self.when.terms() if t.metric]
 
-    def blind_reason(self, spec) -> str | None:
+    def blind_reason(self, spec: Spec) -> str | None:
         for t in self.when.terms():
             if t.metric and (why := verl_keyed(spec, t.metric, t.labels)):
                 return why

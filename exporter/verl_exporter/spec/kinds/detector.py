@@ -3,22 +3,25 @@ optionally past a relative change, optionally confirmed by other signals deviati
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from ...core.models import StrictModel
-from ..rules import DIRECTIONS, Param
+from ..rules import Direction, Param
 from . import promtool
 from .base import AlertBase, StepView, register
 from .promql import JOIN, detector_gauge, num
+
+if TYPE_CHECKING:
+    from .. import Spec
 
 
 class Confirm(StrictModel):
     """Another signal that must deviate at the same time for a detector alert to hold."""
 
     signal: str
-    direction: Literal[DIRECTIONS] = "down"
+    direction: Direction = "down"
     k: float | None = Field(None, description="default: the alert's k")
     change: float = 0.0
 
@@ -58,7 +61,7 @@ def deviates(view: StepView, signal: str, direction: str, k: float, change: floa
 class DetectorAlert(AlertBase):
     kind: Literal["detector"] = "detector"
     signal: str = Field(description="the step-domain signal (detect:)")
-    direction: Literal[DIRECTIONS] = "up"
+    direction: Direction = "up"
     k: float = Field(4.0, gt=0, description="standard deviations")
     change: float = Field(0.0, description="the relative change from the expected value it must also reach")
     confirm: list[Confirm] = Field(default_factory=list)
@@ -78,8 +81,8 @@ class DetectorAlert(AlertBase):
     def breaker_signals(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys([self.signal, *[c.signal for c in self.confirm]]))
 
-    def promql(self, sel: str, k: float | None | str = "own") -> str:
-        main = deviation(self.signal, self.direction, self.k if k == "own" else k, self.change, sel)
+    def promql(self, sel: str, k: float | None | Literal["own"] = "own") -> str:
+        main = deviation(self.signal, self.direction, self.k if isinstance(k, str) else k, self.change, sel)
         if not self.confirm:
             return main
         others = " or ".join(f"({deviation(*c, sel)})" for c in self.confirms())
@@ -90,7 +93,7 @@ class DetectorAlert(AlertBase):
             (" past the change gate" if self.change else "") + (" with a confirming signal" if self.confirm else "")
         return {"k": (self.promql(sel, k=None), what)}
 
-    def test_case(self, spec) -> dict:
+    def test_case(self, spec: Spec) -> dict[str, Any]:
         """The detector's gauges of the signal (and of the first confirming signal) move from normal to a
         sustained deviation of twice the alert's k at the shift."""
         base = promtool.base_labels(spec)
@@ -109,7 +112,7 @@ class DetectorAlert(AlertBase):
         return promtool.group(spec, self, series, shift - 5, promtool.fire_minute(self),
                               {**base, "signal": self.signal}, 2.0 * self.k)
 
-    def blind_reason(self, spec) -> str | None:
+    def blind_reason(self, spec: Spec) -> str | None:
         return None
 
     def judge(self, view: StepView) -> float | None:

@@ -6,7 +6,7 @@ breaker cannot judge it (``outside_trainer``); anything the trainer can judge is
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,6 +14,9 @@ from ..rules import EXPR_PLACEHOLDER_RE, RESERVED_PLACEHOLDERS, fill_knobs
 from . import promtool
 from .base import AlertBase, WithParams, WithTest, register
 from .promql import fill
+
+if TYPE_CHECKING:
+    from .. import Spec
 
 SIGNAL_MATCHER_RE = re.compile(r'signal\s*=~?\s*"([^"]+)"')
 
@@ -52,8 +55,8 @@ class ExprAlert(WithParams, WithTest, AlertBase):
     def promql(self, sel: str) -> str:
         return fill(fill_knobs(self.expr, self.knob_values()), self.metric, sel)
 
-    def test_case(self, spec) -> dict:
-        return promtool.explicit_case(spec, self)
+    def test_case(self, spec: Spec) -> dict[str, Any]:
+        return promtool.explicit_case(spec, self, self.test or {})  # a test is required (_common)
 
     def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
         knobs = self.knob_values()
@@ -66,5 +69,5 @@ class ExprAlert(WithParams, WithTest, AlertBase):
             found.extend(x for x in group.split("|") if x and x not in found)
         return tuple(found)
 
-    def blind_reason(self, spec) -> str | None:
+    def blind_reason(self, spec: Spec) -> str | None:
         return self.outside_trainer or "free PromQL is judged by Prometheus only"

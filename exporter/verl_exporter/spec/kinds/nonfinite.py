@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..rules import Duration, duration_seconds
 from . import promtool
 from .base import AlertBase, StepView, register
 from .promql import vector
 from .threshold import verl_keyed
+
+if TYPE_CHECKING:
+    from .. import Spec
 
 NONFINITE = "verl_training_nonfinite_values_total"
 NONFINITE_MEMORY = "1d"  # how far back a restarted sidecar's NaN count is compared
@@ -32,7 +35,7 @@ class NonfiniteAlert(AlertBase):
         return (f"increase({counter}[{w}]) > 0 or ({counter} != {before}) > 0"
                 f" or ({counter} unless {before}) > 0")
 
-    def test_case(self, spec) -> dict:
+    def test_case(self, spec: Spec) -> dict[str, Any]:
         """One NaN fires an alert without `for`; with one (an override), NaNs must keep coming."""
         labels = {**promtool.base_labels(spec), "metric": self.metric}
         fire_at = promtool.fire_minute(self)
@@ -42,7 +45,7 @@ class NonfiniteAlert(AlertBase):
         return promtool.group(spec, self, [promtool.series(NONFINITE, labels, values)], promtool.SHIFT - 5,
                               fire_at, {**labels, "metric": self.metric}, 0.0)
 
-    def blind_reason(self, spec) -> str | None:
+    def blind_reason(self, spec: Spec) -> str | None:
         return verl_keyed(spec, self.metric, {})
 
     def series_read(self) -> list[tuple[str, dict[str, str]]]:

@@ -31,7 +31,7 @@ def fill(template: str, metric: str, sel: str) -> str:
     return out.replace("{}", "")
 
 
-def num(x) -> str:
+def num(x: float) -> str:
     if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
         return str(int(x))
     return repr(x) if isinstance(x, float) else str(x)

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..rules import TEMPLATE_RE, duration_seconds, equality_matchers, fill_test_text
 from .promql import keeps_label, selector_labels
+
+if TYPE_CHECKING:
+    from .. import Spec
+    from .base import AlertBase
 
 INTERVAL_M = 1  # minutes between input samples, and between rule evaluations in the tests
 SHIFT = 60  # minute at which the fault starts (after every window of the pack has filled)
@@ -33,11 +39,11 @@ def go_printf(fmt: str, value: float) -> str:
 def expand(text: str, value: float, labels: dict[str, str]) -> str:
     """Expand the Go-template subset the spec allows (checked at load), exactly as Prometheus would."""
 
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         inner = m.group(1)
         if inner.startswith("$labels."):
             return labels.get(inner[len("$labels."):], "")
-        return go_printf(re.search(r'"(%\.\d+[gf])"', inner).group(1), value)
+        return go_printf(inner.split('"')[1], value)  # $value | printf "%.3g"
 
     return TEMPLATE_RE.sub(one, text)
 
@@ -46,37 +52,38 @@ def _fmt(v: float) -> str:
     return repr(float(v)) if not float(v).is_integer() else str(int(v))
 
 
-def series_text(values: list[float | None]) -> str:
+def series_text(values: Sequence[float | None]) -> str:
     """promtool's series notation, run-length compressed: '1x9 2x4 _x3'."""
     out, i = [], 0
     while i < len(values):
         j = i
         while j + 1 < len(values) and values[j + 1] == values[i]:
             j += 1
-        if values[i] is None:  # promtool: "_xN" is N missing samples, "axN" is N + 1 samples of a
+        v = values[i]
+        if v is None:  # promtool: "_xN" is N missing samples, "axN" is N + 1 samples of a
             out.append("_" if j == i else f"_x{j - i + 1}")
         else:
-            out.append(_fmt(values[i]) if j == i else f"{_fmt(values[i])}x{j - i}")
+            out.append(_fmt(v) if j == i else f"{_fmt(v)}x{j - i}")
         i = j + 1
     return " ".join(out)
 
 
-def series(name: str, labels: dict[str, str], values: list[float | None]) -> dict:
+def series(name: str, labels: dict[str, str], values: Sequence[float | None]) -> dict[str, str]:
     text = ", ".join(f'{k}="{v}"' for k, v in labels.items())
     return {"series": f"{name}{{{text}}}", "values": series_text(values)}
 
 
-def fire_minute(alert) -> int:
+def fire_minute(alert: AlertBase) -> int:
     return SHIFT + duration_seconds(alert.for_) // 60 + 2 * INTERVAL_M
 
 
-def base_labels(spec) -> dict[str, str]:
+def base_labels(spec: Spec) -> dict[str, str]:
     """The labels of a test series of one sidecar: the selector's, the target's."""
     return {**selector_labels(spec.rules.selector), **BASE_LABELS}
 
 
-def group(spec, alert, input_series: list[dict], silent_at: int | None, fire_at: int, out_labels: dict[str, str],
-          value: float, held: int = 0) -> dict:
+def group(spec: Spec, alert: AlertBase, input_series: list[dict[str, str]], silent_at: int | None, fire_at: int,
+          out_labels: dict[str, str], value: float, held: int = 0) -> dict[str, Any]:
     """One promtool test group. ``held``: the fault ended right after fire_at, and keep_firing_for keeps the
     alert firing (its labels, and its annotations as last evaluated) through fire_at + held; it resolves the
     minute after."""
@@ -102,7 +109,7 @@ def group(spec, alert, input_series: list[dict], silent_at: int | None, fire_at:
     }
 
 
-def explicit_case(spec, alert) -> dict:
+def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any]) -> dict[str, Any]:
     """An alert that brings its own test: input series, silent_at, fire_at, the labels and $value expected.
 
     Input values and the expected value may be computed from the alert's knobs (<expression>), so the test
@@ -112,18 +119,17 @@ def explicit_case(spec, alert) -> dict:
     keeps counting) and $value moved by the test's value_slope (per minute, default 0). A `for` longer than
     the baseline an expression compares with makes the alert unable to fire; its test then fails, saying so.
     """
-    t = alert.test
     knobs = alert.knob_values()
     silent_at, fire_at = _minutes(t["silent_at"]), _minutes(t["fire_at"])
     delta = (duration_seconds(alert.for_) - duration_seconds(alert.base_for)) // 60
     # The spec's tests are written for job="verl"; a series of a target gets the selector's labels instead.
     sel = selector_labels(spec.rules.selector)
-    input_series = []
+    input_series: list[dict[str, str]] = []
     for s in t["input"]:
         values = fill_test_text(str(s["values"]), knobs)
         if delta > 0:
-            counter = _SERIES_RE.match(str(s["series"]).strip())
-            counter = bool(counter) and counter.group(1).endswith("_total")
+            m = _SERIES_RE.match(str(s["series"]).strip())
+            counter = m is not None and m.group(1).endswith("_total")
             values = series_text(hold_at(expand_series(values), fire_at, delta, counter))
         input_series.append({"series": _retarget(str(s["series"]), sel), "values": values})
     value = float(fill_test_text(str(t.get("value", 0.0)), knobs))
@@ -196,5 +202,5 @@ def hold_at(samples: list[tuple[float | None, float]], at: int, extra: int,
     return before + held + after
 
 
-def _minutes(text) -> int:
+def _minutes(text: object) -> int:
     return duration_seconds(str(text)) // 60

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -12,6 +12,9 @@ from . import promtool
 from .base import AlertBase, register
 from .promql import num, vector
 from .threshold import metric_labels
+
+if TYPE_CHECKING:
+    from .. import Spec
 
 
 @register
@@ -39,7 +42,7 @@ class StaleAlert(AlertBase):
     def wait_seconds(self) -> float:
         return float(self.threshold)
 
-    def test_case(self, spec) -> dict:
+    def test_case(self, spec: Spec) -> dict[str, Any]:
         """A unix-time gauge that advances with time, then stops: its age grows past the threshold."""
         from ..rules import duration_seconds
 

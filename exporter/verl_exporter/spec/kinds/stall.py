@@ -6,15 +6,18 @@ Judged by the breaker between steps too: a hung trainer logs nothing, so the bre
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from ...core.detect import STATS
+from ...core.detect import Stat
 from ..rules import Number
 from . import promtool
 from .base import AlertBase, StepView, WithTest, register
 from .promql import JOIN, num, vector
+
+if TYPE_CHECKING:
+    from .. import Spec
 
 
 @register
@@ -22,7 +25,7 @@ class StallAlert(WithTest, AlertBase):
     kind: Literal["stall"] = "stall"
     on_entry = True
     signal: str = Field(description="the step-time signal (detect:) whose statistic is the run's pace")
-    stat: Literal[STATS] = Field(description="window_max (the longest recent step) or level (the usual one)")
+    stat: Stat = Field(description="window_max (the longest recent step) or level (the usual one)")
     factor: Number = Field(gt=0, description="how many times that statistic the run may go without a step")
     at_least: Number = Field(gt=0, description="seconds: the limit's floor")
     before_baseline: Number | None = Field(None, gt=0, description="seconds: the limit while the signal has "
@@ -37,13 +40,13 @@ class StallAlert(WithTest, AlertBase):
             return late
         return f"({age} > {num(self.before_baseline)} unless {JOIN} {pace}) or ({late})"
 
-    def test_case(self, spec) -> dict:
-        return promtool.explicit_case(spec, self)
+    def test_case(self, spec: Spec) -> dict[str, Any]:
+        return promtool.explicit_case(spec, self, self.test or {})  # a test is required (_common)
 
     def signals(self) -> tuple[str, ...]:
         return (self.signal,)
 
-    def blind_reason(self, spec) -> str | None:
+    def blind_reason(self, spec: Spec) -> str | None:
         return None
 
     judged_between_steps = True

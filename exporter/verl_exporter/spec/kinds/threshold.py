@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from ..rules import OPS, Number, Param
+from ..rules import Number, Op, Param
 from . import promtool
 from .base import AlertBase, StepView, register
 from .promql import num, vector
 
+if TYPE_CHECKING:
+    from .. import Spec
+
 COMPARE = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
 
 
-def metric_labels(spec, alert, given: dict[str, str]) -> dict[str, str]:
+def metric_labels(spec: Spec, alert: AlertBase, given: dict[str, str]) -> dict[str, str]:
     """Labels of a test series of the alert's metric: those its matchers give, "a" for the others."""
     return {name: given.get(name, "a") for name in spec[alert.metric].labels}
 
 
-def verl_keyed(spec, metric: str, labels: dict[str, str]) -> str | None:
+def verl_keyed(spec: Spec, metric: str, labels: dict[str, str]) -> str | None:
     """None when verl's logged keys feed that series (a trainer process sees it), else what feeds it."""
     from ...core.detect import keys_of
 
@@ -41,7 +44,7 @@ def verl_keyed(spec, metric: str, labels: dict[str, str]) -> str | None:
 class ThresholdAlert(AlertBase):
     kind: Literal["threshold"] = "threshold"
     on_entry = True
-    op: Literal[OPS] = ">"
+    op: Op = ">"
     threshold: Number = Field(description="the line")
     matchers: str = ""
     aggregate: str = ""
@@ -75,7 +78,7 @@ class ThresholdAlert(AlertBase):
         step = abs(t) if t else 1.0
         return (t - step / 2, t + step) if above else (t + step, t - step / 2)
 
-    def test_case(self, spec) -> dict:
+    def test_case(self, spec: Spec) -> dict[str, Any]:
         """The series at an ok value, then at a bad one from the shift; with keep_firing_for the fault ends
         right after the firing evaluation and the alert is checked to stay firing, then to resolve."""
         from ..rules import duration_seconds, equality_matchers
@@ -96,7 +99,7 @@ class ThresholdAlert(AlertBase):
         return promtool.group(spec, self, [promtool.series(self.metric, labels, values)], promtool.SHIFT - 5,
                               fire_at, out, bad, held)
 
-    def blind_reason(self, spec) -> str | None:
+    def blind_reason(self, spec: Spec) -> str | None:
         from ..rules import equality_matchers
 
         return verl_keyed(spec, self.metric, equality_matchers(self.matchers))
