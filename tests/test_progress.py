@@ -81,6 +81,27 @@ def test_eta_and_next_checkpoint_from_the_recent_step_time(tmp_path):
     assert metrics.value("verl_run_checkpoints_to_keep") == 2
 
 
+def test_a_stop_accepted_by_the_control_endpoint_is_kept_until_the_trainer_restarts(tmp_path):
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics, trainer_pid=111, planned_steps=100)
+    _step(store, 5, 1.0)
+    p.update()
+    assert metrics.value("verl_run_stop_requested") == 0
+    metrics.inc("verl_exporter_control_requests_total", action="checkpoint", result="accepted")
+    metrics.inc("verl_exporter_control_requests_total", action="stop", result="unreachable")  # the trainer can't see it
+    p.update()
+    assert metrics.value("verl_run_stop_requested") == 0
+    metrics.inc("verl_exporter_control_requests_total", action="stop", result="accepted")
+    p.update()
+    assert metrics.value("verl_run_stop_requested") == 1
+    store, metrics = _parts()  # the sidecar restarted while the stopped trainer exits: the request is kept
+    Progress(str(tmp_path), store, metrics, trainer_pid=111)
+    assert metrics.value("verl_run_stop_requested") == 1
+    store, metrics = _parts()  # a new trainer (resumed) was not asked to stop
+    Progress(str(tmp_path), store, metrics, trainer_pid=222)
+    assert metrics.value("verl_run_stop_requested") == 0
+
+
 def test_a_broken_state_file_starts_again(tmp_path):
     (tmp_path / STATE_NAME).write_text("{not json")
     store, metrics = _parts()
