@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.progress import STATE_NAME, Progress
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
