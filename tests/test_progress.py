@@ -178,3 +178,23 @@ def test_the_serve_flags_reach_the_config():
                                       "--max-ckpt-to-keep", "2", "--deadline", "1700000000"])
     c = build_config({}, flag_values(vars(args)))
     assert (c.state_dir, c.planned_steps, c.save_freq, c.max_ckpt_to_keep, c.deadline) == ("s", 500, 50, 2, 1.7e9)
+
+
+@pytest.mark.integration
+def test_real_sidecar_a_stop_through_the_control_endpoint_is_a_stop_request(tmp_path, monkeypatch):
+    from test_control import TOKEN, post
+
+    monkeypatch.setenv("VERL_CTL", TOKEN)
+    log = tmp_path / "run.jsonl"
+    side = _sidecar(log, tmp_path / "state", planned_steps=100, control_file=str(tmp_path / "control.json"),
+                    control_token_env="VERL_CTL")
+    try:
+        m = side.self_metrics.value
+        _write(log, range(1, 6))
+        _wait(lambda: m("verl_run_max_step"), 5)
+        assert m("verl_run_stop_requested") == 0
+        status, answer = post(side.server.url + "/control/stop", TOKEN, b'{"reason": "VerlRewardCollapse"}')
+        assert status == 200 and answer["applied"]
+        _wait(lambda: m("verl_run_stop_requested"), 1)
+    finally:
+        side.stop()
