@@ -51,6 +51,18 @@ def test_without_py_spy_it_says_how_to_install_it(monkeypatch):
                     "it: pip install 'verl-exporter[forensics]'"]
 
 
+def test_the_hang_needs_the_whole_path(monkeypatch):
+    monkeypatch.setattr(demo_stack, "find_py_spy", lambda: "py-spy")
+    said: list[str] = []
+    assert demo_stack.run(hang=True, sidecar_only=True, out=said.append) == 2
+    assert said == ["verl-exporter demo: --hang shows the page of the whole alert path; it cannot be --sidecar-only"]
+    said.clear()
+    monkeypatch.setattr(demo_stack, "find_programs", lambda prometheus, alertmanager: (None, "alertmanager"))
+    assert demo_stack.run(hang=True, out=said.append) == 2
+    assert said == [f"verl-exporter demo --hang: Prometheus not found; the hang page comes through them: "
+                    f"{demo_stack.INSTALL_HINT}"]
+
+
 @pytest.mark.integration
 def test_the_hang_page_carries_the_verdict_on_the_trainers_real_stacks():
     require_tool("prometheus")

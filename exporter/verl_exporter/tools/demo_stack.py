@@ -90,6 +90,9 @@ def run(listen: str | None = None, rate: float = 10.0, exit_after_replay: bool =
         out(f"verl-exporter demo --hang: py-spy not found; the stacks of the hung trainer are captured with it: "
             f"{PY_SPY_HINT}")
         return 2
+    if sidecar_only and hang:
+        out("verl-exporter demo: --hang shows the page of the whole alert path; it cannot be --sidecar-only")
+        return 2
     if sidecar_only:
         return run_demo(listen=listen or SIDECAR_ONLY_LISTEN, rate=rate, exit_after_replay=exit_after_replay,
                         out=out)
