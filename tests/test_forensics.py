@@ -165,6 +165,31 @@ def test_requests_within_the_gap_get_the_latest_capture(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_request_during_a_capture_gets_that_capture(tmp_path):
+    """The relay's request comes while the stall's capture runs (a native dump takes seconds): it waits for it
+    instead of pausing the trainer a second time."""
+    import threading
+
+    slow = tmp_path / "py-spy"
+    slow.write_text("#!/bin/sh\nsleep 1\necho '[]'\n")
+    slow.chmod(0o755)
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        f = Forensics(ForensicsSettings(str(tmp_path / "f"), py_spy=str(slow), native=False), SelfMetrics(SPEC),
+                      target.pid)
+        stall = threading.Thread(target=f.capture, args=("stall",))
+        stall.start()
+        while f._lock.acquire(blocking=False):  # until the capture holds the lock
+            f._lock.release()
+        answer = f.requested("VerlTrainingStalled")
+        stall.join()
+    finally:
+        target.kill()
+        target.wait()
+    assert answer["trigger"] == "stall" and len(list((tmp_path / "f").iterdir())) == 1
+
+
+@pytest.mark.integration
 def test_the_stall_trigger_is_the_specs_stall_alerts_on_the_store(tmp_path, sleeper):
     store = TrainingStore(SPEC, SelfMetrics(SPEC))
     for step in range(1, 13):

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.progress import STATE_NAME, Progress
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
@@ -79,6 +79,27 @@ def test_eta_and_next_checkpoint_from_the_recent_step_time(tmp_path):
     assert metrics.value("verl_run_next_checkpoint_timestamp_seconds") == 1000 + 15 * 10
     assert metrics.value("verl_run_deadline_timestamp_seconds") == 5000
     assert metrics.value("verl_run_checkpoints_to_keep") == 2
+
+
+def test_a_stop_accepted_by_the_control_endpoint_is_kept_until_the_trainer_restarts(tmp_path):
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics, trainer_pid=111, planned_steps=100)
+    _step(store, 5, 1.0)
+    p.update()
+    assert metrics.value("verl_run_stop_requested") == 0
+    metrics.inc("verl_exporter_control_requests_total", action="checkpoint", result="accepted")
+    metrics.inc("verl_exporter_control_requests_total", action="stop", result="unreachable")  # the trainer can't see it
+    p.update()
+    assert metrics.value("verl_run_stop_requested") == 0
+    metrics.inc("verl_exporter_control_requests_total", action="stop", result="accepted")
+    p.update()
+    assert metrics.value("verl_run_stop_requested") == 1
+    store, metrics = _parts()  # the sidecar restarted while the stopped trainer exits: the request is kept
+    Progress(str(tmp_path), store, metrics, trainer_pid=111)
+    assert metrics.value("verl_run_stop_requested") == 1
+    store, metrics = _parts()  # a new trainer (resumed) was not asked to stop
+    Progress(str(tmp_path), store, metrics, trainer_pid=222)
+    assert metrics.value("verl_run_stop_requested") == 0
 
 
 def test_a_broken_state_file_starts_again(tmp_path):
@@ -157,3 +178,23 @@ def test_the_serve_flags_reach_the_config():
                                       "--max-ckpt-to-keep", "2", "--deadline", "1700000000"])
     c = build_config({}, flag_values(vars(args)))
     assert (c.state_dir, c.planned_steps, c.save_freq, c.max_ckpt_to_keep, c.deadline) == ("s", 500, 50, 2, 1.7e9)
+
+
+@pytest.mark.integration
+def test_real_sidecar_a_stop_through_the_control_endpoint_is_a_stop_request(tmp_path, monkeypatch):
+    from test_control import TOKEN, post
+
+    monkeypatch.setenv("VERL_CTL", TOKEN)
+    log = tmp_path / "run.jsonl"
+    side = _sidecar(log, tmp_path / "state", planned_steps=100, control_file=str(tmp_path / "control.json"),
+                    control_token_env="VERL_CTL")
+    try:
+        m = side.self_metrics.value
+        _write(log, range(1, 6))
+        _wait(lambda: m("verl_run_max_step"), 5)
+        assert m("verl_run_stop_requested") == 0
+        status, answer = post(side.server.url + "/control/stop", TOKEN, b'{"reason": "VerlRewardCollapse"}')
+        assert status == 200 and answer["applied"]
+        _wait(lambda: m("verl_run_stop_requested"), 1)
+    finally:
+        side.stop()

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="show messages as this robot formats them (default dingtalk)")
     demo.add_argument("--sidecar-only", action="store_true",
                       help="serve the sidecar alone (no Prometheus, Alertmanager or relay)")
+    demo.add_argument("--hang", action="store_true",
+                      help="the trainer hangs in its reward function instead: the sidecar captures its stacks (py-spy, "
+                           "the forensics extra) and the page carries the verdict")
 
     bt = sub.add_parser("backtest", help="replay recorded verl runs through the alert pack: timeline + HTML report")
     bt.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="verl file-logger logs")
@@ -340,7 +343,7 @@ def cmd_demo(args) -> int:
 
     return run(listen=args.listen, rate=args.rate, exit_after_replay=args.exit_after_replay,
                prometheus=args.prometheus, alertmanager=args.alertmanager, sidecar_only=args.sidecar_only,
-               robot=args.robot)
+               robot=args.robot, hang=args.hang)
 
 
 def cmd_checkpoint(args) -> int:

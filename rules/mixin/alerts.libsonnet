@@ -441,7 +441,7 @@ local alerts = [
     alert: "VerlRunEndedEarly",
     labels: {"team": "training"},
     knobs: {},
-    texts(v, t):: { expr: "verl_run_trainer_running{" + v["selector"] + "} == 0 and on (job, instance, run, rank) verl_run_max_step{" + v["selector"] + "} < on (job, instance, run, rank) verl_run_planned_steps{" + v["selector"] + "}", summary: "The trainer exited before its planned last step.", description: "Run {{ $labels.run }} stopped before its planned total steps: it may have exited 0 after skipping work.", runbook_url: v["runbook_url"] + "#verlrunendedearly" },
+    texts(v, t):: { expr: "verl_run_trainer_running{" + v["selector"] + "} == 0 and on (job, instance, run, rank) verl_run_max_step{" + v["selector"] + "} < on (job, instance, run, rank) verl_run_planned_steps{" + v["selector"] + "} unless on (job, instance, run, rank) verl_run_stop_requested{" + v["selector"] + "} == 1", summary: "The trainer exited before its planned last step.", description: "Run {{ $labels.run }} stopped before its planned total steps, unasked: it may have exited 0 after skipping work.", runbook_url: v["runbook_url"] + "#verlrunendedearly" },
   },
   {
     group: "verl-exporter.cross-layer",

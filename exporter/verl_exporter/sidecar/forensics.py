@@ -112,6 +112,13 @@ def targets(trainer_pid: int | None) -> list[psutil.Process]:
     return [p if p is not None else _Gone(pid) for pid, p in list(found.items())[:MAX_PROCESSES]]
 
 
+def find_py_spy(name: str = "py-spy") -> str | None:
+    """py-spy on PATH, else beside this Python (pip installs it into the environment's bin/); None if absent."""
+    found = shutil.which(name) or (shutil.which(name, path=os.path.dirname(sys.executable)) if os.sep not in name
+                                   else None)
+    return found if found and os.access(found, os.X_OK) else None
+
+
 class _Gone:
     """A pid that psutil cannot open: py-spy is still asked, so that the failure names the reason."""
 
@@ -128,7 +135,7 @@ class Forensics:
         self._trainer_pid = trainer_pid
         self._labels = dict(labels or {})
         self._clock = clock
-        self._lock = threading.Lock()  # one capture at a time: a stall and a request may coincide
+        self._lock = threading.RLock()  # one capture at a time: a stall and a request may coincide
         self.last: dict | None = None  # {time, path, verdict, trigger} of the latest capture
         self._last_doc: dict | None = None
         for trigger in ("stall", "request"):
@@ -138,10 +145,7 @@ class Forensics:
 
     # ------------------------------------------------------------------ one process
     def _binary(self) -> str | None:
-        # on PATH, else beside this Python (pip installs py-spy into the environment's bin/)
-        found = shutil.which(self.settings.py_spy) or (shutil.which(self.settings.py_spy, path=os.path.dirname(
-            sys.executable)) if os.sep not in self.settings.py_spy else None)
-        return found if found and os.access(found, os.X_OK) else None
+        return find_py_spy(self.settings.py_spy)
 
     def dump(self, binary: str, pid: int) -> dict:
         """One process's py-spy threads, or its error and reason."""
@@ -214,10 +218,11 @@ class Forensics:
 
     def requested(self, reason: str = "") -> dict:
         """A capture asked for (POST /control/forensics); the latest one when it is under MIN_REQUEST_GAP_S old."""
-        last = self._last_doc
-        if last is not None and last["path"] and self._clock() - last["time"] < MIN_REQUEST_GAP_S:
-            return last
-        return self.capture("request", reason)
+        with self._lock:  # a request during a capture (the stall's) waits for it, and gets it
+            last = self._last_doc
+            if last is not None and last["path"] and self._clock() - last["time"] < MIN_REQUEST_GAP_S:
+                return last
+            return self.capture("request", reason)
 
     def _write(self, doc: dict, now: float) -> str | None:
         name = f"capture-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-{int(now * 1000) % 1000:03d}.json"

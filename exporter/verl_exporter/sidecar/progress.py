@@ -7,6 +7,9 @@ whole (core.atomicfile) whenever they change, and read back at start.
 A trainer restart is any of: the followed log truncated or replaced (the follower's
 verl_exporter_source_resets_total going up), the logged step going below the last one seen, a --trainer-pid
 other than the one in the state file (a sidecar started again for a new trainer).
+
+A stop this sidecar's control endpoint accepted (the relay's stop action, a person's POST /control/stop) is kept
+in the state too, until the trainer restarts: a run that ends after it was asked to has not ended early.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ log = logging.getLogger(__name__)
 
 STATE_NAME = "progress.json"
 _RESETS = "verl_exporter_source_resets_total"
+_CONTROL = "verl_exporter_control_requests_total"
 
 
 class Progress:
@@ -42,6 +46,7 @@ class Progress:
         # the last step seen, kept across sidecar restarts: a recovered log below it is a trainer restart
         self._last_step: float | None = self.state.get("last_step")
         self._resets = self._resets_seen()
+        self._stops = self._stops_accepted()
         if trainer_pid is not None and self.state.get("trainer_pid") not in (None, trainer_pid):
             self._restarted()  # a sidecar started for a new trainer
         self.state["trainer_pid"] = trainer_pid
@@ -77,8 +82,12 @@ class Progress:
         snapshot = self._self.snapshot().get(_RESETS, {})
         return sum(snapshot.values())
 
+    def _stops_accepted(self) -> float:
+        return self._self.value(_CONTROL, action="stop", result="accepted")
+
     def _restarted(self) -> None:
         s = self.state
+        s.pop("stop_requested", None)  # asked of the trainer before: the new one was not
         s["restarts"] = s.get("restarts", 0) + 1
         s["restarts_without_progress"] = s.get("restarts_without_progress", 0) + 1
         s["awaiting_resume"] = True  # the first step after it says where it resumed from
@@ -93,6 +102,10 @@ class Progress:
             self._restarted()
         self._resets = resets
         s = self.state
+        stops = self._stops_accepted()
+        if stops > self._stops:
+            s["stop_requested"] = True
+        self._stops = stops
         if step is not None and step != self._last_step:
             high = s.get("max_step")
             if s.pop("awaiting_resume", False) and high is not None:
@@ -110,6 +123,7 @@ class Progress:
         self._self.set("verl_run_restarts_total", s.get("restarts", 0))
         self._self.set("verl_run_restarts_without_progress", s.get("restarts_without_progress", 0))
         self._self.set("verl_run_restart_redone_steps", s.get("redone_steps", 0))
+        self._self.set("verl_run_stop_requested", 1.0 if s.get("stop_requested") else 0.0)
         if s.get("max_step") is not None:
             self._self.set("verl_run_max_step", s["max_step"])
         if self._trainer_pid is not None:

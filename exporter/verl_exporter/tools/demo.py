@@ -3,11 +3,17 @@
 The run comes from the replay engine's simulator (a healthy PPO run with every key verl 0.9.1 logs and a gradient
 explosion injected at step 230); it is written line by line, in verl's file-logger format, to a temporary file
 that a real sidecar follows, exactly as in production.
+
+``python -m verl_exporter.tools.demo LOG RATE HANG_AT`` is the trainer of ``demo --hang``: a process of its own
+(py-spy reads another process's stacks, not its own) that writes the run's first steps and then hangs in its
+reward function, as in verl PR #6673. It starts on a line on stdin and says each step on stdout.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -88,3 +94,29 @@ steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_val
 
     shutil.rmtree(workdir, ignore_errors=True)  # the temporary log: leave nothing behind
     return 0
+
+
+def compute_score(solution: str, ground_truth: str) -> float:
+    """The hung trainer's reward function: it waits for a reward server that never answers."""
+    while True:
+        time.sleep(3600)
+
+
+def hang_trainer(log_path: str, rate: float, hang_at: int) -> None:
+    """Write the demo run's steps before hang_at at rate steps/s, then hang computing step hang_at's reward."""
+    if sys.platform == "linux":  # let the demo's py-spy (a child of our parent) read us under Yama's ptrace_scope 1
+        import ctypes
+
+        ctypes.CDLL(None).prctl(0x59616D61, os.getppid(), 0, 0, 0)  # PR_SET_PTRACER
+    sys.stdin.readline()  # the demo's go: Prometheus has loaded the rules
+    with open(log_path, "wb", buffering=0) as f:  # like verl's FileLogger
+        for line in demo_lines()[:hang_at - 1]:
+            f.write(line)
+            print(json.dumps({"step": json.loads(line)["step"]}), flush=True)
+            time.sleep(1.0 / rate)
+    print(json.dumps({"hang": hang_at}), flush=True)
+    compute_score(f"<the rollout of step {hang_at}>", "<its answer>")
+
+
+if __name__ == "__main__":
+    hang_trainer(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))

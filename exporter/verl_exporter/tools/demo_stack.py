@@ -12,6 +12,10 @@ second, so every rule's ``for:``, Alertmanager's grouping and the robots' rate w
 factor, and Prometheus scrapes and evaluates every 0.25 s. The rules, routes and messages are the generated ones.
 
 Without the two programs the demo says how to get them and serves the sidecar alone (``demo.run_demo``).
+
+``--hang``: the trainer is a process of its own (``demo.hang_trainer``) that hangs in its reward function; the
+sidecar, its forensics on, captures its stacks (py-spy) when the spec's stall condition holds, and the relay's
+forensics action on the stall alert pages the verdict. The stall alerts' limits are compressed like the `for:`.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from pathlib import Path
 import yaml
 
 from ..core.shutdown import stop_process, stopping
+from ..relay.actions import EVIDENCE_ALERT
+from ..sidecar.forensics import find_py_spy
 from .demo import _nonfinite_steps, demo_lines, run_demo
 
 INSTALL_HINT = "sudo apt-get update && sudo apt-get install -y prometheus prometheus-alertmanager"
@@ -48,6 +54,9 @@ SIDECAR_ONLY_LISTEN = "127.0.0.1:9477"
 # The automated response the demo's relay is configured with (as in the README's example).
 CHECKPOINT_ON = "VerlNonFiniteGradNorm"
 STOP_ON = "VerlRewardCollapse"  # a collapse confirmed by two signals
+FORENSICS_ON = "VerlTrainingStalled"  # --hang: the relay's forensics action, as in the README's example
+HANG_AT = 60  # --hang: the step whose reward the trainer never computes
+PY_SPY_HINT = "pip install 'verl-exporter[forensics]'"
 FOR_EXAMPLE = "VerlNumericalCollapse"  # the compression shown on one rule's `for:`
 CONTROL_TOKEN_ENV = "VERL_DEMO_CONTROL_TOKEN"
 SCRAPE_S = 0.25  # Prometheus' scrape and evaluation interval in the demo: 2.5 steps at 10 steps/s
@@ -73,10 +82,17 @@ def find_programs(prometheus: str | None, alertmanager: str | None) -> tuple[str
 
 def run(listen: str | None = None, rate: float = 10.0, exit_after_replay: bool = False,
         prometheus: str | None = None, alertmanager: str | None = None, sidecar_only: bool = False,
-        robot: str = "dingtalk", out=print) -> int:
+        robot: str = "dingtalk", hang: bool = False, out=print) -> int:
     """The whole path when Prometheus and Alertmanager are found, else the sidecar-only demo."""
     if not 0 < rate < float("inf"):
         raise ValueError(f"rate must be a positive number of steps per second, got {rate!r}")
+    if hang and find_py_spy() is None:
+        out(f"verl-exporter demo --hang: py-spy not found; the stacks of the hung trainer are captured with it: "
+            f"{PY_SPY_HINT}")
+        return 2
+    if sidecar_only and hang:
+        out("verl-exporter demo: --hang shows the page of the whole alert path; it cannot be --sidecar-only")
+        return 2
     if sidecar_only:
         return run_demo(listen=listen or SIDECAR_ONLY_LISTEN, rate=rate, exit_after_replay=exit_after_replay,
                         out=out)
@@ -87,12 +103,15 @@ def run(listen: str | None = None, rate: float = 10.0, exit_after_replay: bool =
             return 2
     if prom is None or am is None:
         missing = " and ".join(n for n, p in (("Prometheus", prom), ("Alertmanager", am)) if p is None)
+        if hang:
+            out(f"verl-exporter demo --hang: {missing} not found; the hang page comes through them: {INSTALL_HINT}")
+            return 2
         out(f"verl-exporter demo: {missing} not found, so this shows the sidecar only; for the whole alert path "
             f"(rule → Alertmanager → robot message → checkpoint): {INSTALL_HINT} (or --prometheus/--alertmanager)")
         return run_demo(listen=listen or SIDECAR_ONLY_LISTEN, rate=rate, exit_after_replay=exit_after_replay,
                         out=out)
     return FullDemo(prom, am, listen=listen or "127.0.0.1:0", rate=rate, exit_after_replay=exit_after_replay,
-                    robot=robot, out=out).run()
+                    robot=robot, hang=hang, out=out).run()
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -230,6 +249,22 @@ def _fmt_seconds(s: float) -> str:
     return f"{s:.2g}s" if s < 10 else f"{s:.0f}s"
 
 
+def compress_stalls(spec, factor: float):
+    """The spec with the stall alerts' limits (factor, at_least, before_baseline) divided by factor: a stall is
+    the time since the last step against the run's own step time, both compressed alike, so this is the same
+    condition on the demo's clock. The sidecar's stall trigger and the generated rules read this spec."""
+    from ..spec.kinds.stall import StallAlert
+
+    def one(a):
+        if not isinstance(a, StallAlert):
+            return a
+        return a.model_copy(update={"factor": a.factor / factor, "at_least": a.at_least / factor,
+                                    "before_baseline": a.before_baseline and a.before_baseline / factor})
+
+    metrics = tuple(m.model_copy(update={"alerts": tuple(map(one, m.alerts))}) for m in spec.metrics)
+    return spec.model_copy(update={"metrics": metrics, "global_alerts": tuple(map(one, spec.global_alerts))})
+
+
 def median_step_seconds(lines: list[dict], spec=None) -> float:
     from .replay import step_period
 
@@ -283,8 +318,13 @@ class _LogToDemo(logging.Handler):
 
 class FullDemo:
     def __init__(self, prometheus: str, alertmanager: str, listen: str, rate: float, exit_after_replay: bool,
-                 robot: str, out=print):
+                 robot: str, hang: bool = False, out=print):
         self.prometheus_bin, self.alertmanager_bin = prometheus, alertmanager
+        self.hang = hang
+        self.trainer: subprocess.Popen | None = None  # --hang: the trainer process
+        self.hung: Event | None = None  # --hang: the trainer entered the reward function that never returns
+        self.last_step_t: float | None = None  # --hang: when its last step was written
+        self.page: Event | None = None  # --hang: the VerlHangForensics page shown
         self.listen, self.rate, self.exit_after_replay, self.robot = listen, rate, exit_after_replay, robot
         self._out = out
         self._lock = threading.RLock()
@@ -347,7 +387,7 @@ class FullDemo:
         try:
             self.start()
             if self.wait_armed():
-                self.replay()
+                self.replay_hang() if self.hang else self.replay()
                 self.settle()
                 if not self.exit_after_replay and not self.done.is_set():
                     self.say(f"\nThe stack keeps running: look around at {self.prom_alerts} and\n"
@@ -385,11 +425,17 @@ class FullDemo:
         self.log_path = work / "demo_run.jsonl"
         self.ckpt = work / "checkpoints"
         self.ckpt.mkdir()
+        hang = {}
+        if self.hang:
+            self.spec = compress_stalls(self.spec, self.factor)
+            self._start_trainer()
+            hang = {"trainer_pid": self.trainer.pid, "forensics_dir": str(work / "forensics")}
 
         # the sidecar, with its control endpoint on (the relay's actions call it)
         token = secrets.token_hex(16)
         self.sidecar = Sidecar(ServeConfig(listen=self.listen, run="demo", rank=0, verl_log=str(self.log_path),
-                                           checkpoint_dir=str(self.ckpt)), spec=self.spec, control_token=token)
+                                           checkpoint_dir=str(self.ckpt), **hang), spec=self.spec,
+                               control_token=token)
         try:
             self.sidecar.start()
         except ListenError as e:
@@ -407,7 +453,9 @@ class FullDemo:
             "actions": [{"matchers": {"alertname": CHECKPOINT_ON}, "action": "checkpoint", "url": self.sidecar_url,
                          "token_env": CONTROL_TOKEN_ENV},
                         {"matchers": {"alertname": STOP_ON}, "action": "stop", "url": self.sidecar_url,
-                         "token_env": CONTROL_TOKEN_ENV}],
+                         "token_env": CONTROL_TOKEN_ENV}]
+                       + ([{"matchers": {"alertname": FORENSICS_ON}, "action": "forensics", "url": self.sidecar_url,
+                            "token_env": CONTROL_TOKEN_ENV}] if self.hang else []),
             # the robots' limit of 20 messages a minute, compressed like Alertmanager's grouping
             "delivery": {"drain_seconds": 2, "rate_window_seconds": 60 / self.factor},
         }, environ={CONTROL_TOKEN_ENV: token}, origin="the demo's relay config")
@@ -453,11 +501,20 @@ class FullDemo:
 
         robot = _robot_name(self.robot)
         grouping = ", ".join(f"{k} {a} → {b}" for k, (a, b) in self.grouping.items())
+        if self.hang:
+            run = (f"the first {HANG_AT - 1} steps of a PPO run, written at {self.rate:g} steps/s by the demo's "
+                   f"trainer process\n               (pid {self.trainer.pid}), which then hangs in its reward "
+                   f"function compute_score\n  sidecar      {self.sidecar_url}/metrics  follows the run's log; "
+                   f"captures the trainer's stacks (py-spy) into\n               {self.sidecar.config.forensics_dir} "
+                   f"when it stalls; asked for them on {FORENSICS_ON}")
+        else:
+            run = (f"{len(self.lines)} steps of a PPO run, written at {self.rate:g} steps/s by the demo's trainer "
+                   f"loop:\n               its gradient norm explodes, then is NaN at steps "
+                   f"{', '.join(map(str, self.bad_steps)) or '-'}\n  sidecar      {self.sidecar_url}/metrics  "
+                   "follows the run's log; control endpoint on")
         self.say(f"""
 verl-exporter demo: the whole alert path on this machine, on loopback; everything stops and is removed at the end
-  the run      {len(self.lines)} steps of a PPO run, written at {self.rate:g} steps/s by the demo's trainer loop:
-               its gradient norm explodes, then is NaN at steps {', '.join(map(str, self.bad_steps)) or '-'}
-  sidecar      {self.sidecar_url}/metrics  follows the run's log; control endpoint on
+  the run      {run}
   Prometheus   {self.prom_alerts}  the generated rules (graphs: {self.prom_graph})
   Alertmanager {self.am_url}/#/alerts  the generated config, posting to the relay
   relay        {self.relay.url}/metrics  console targets: each message as the {robot} robot shows it
@@ -475,7 +532,19 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
                  "5 s) ...\n")
         self._thread(self._watch, "verl-demo-watch")
         self._thread(self._arm, "verl-demo-arm")
-        self._thread(self._run_backtest, "verl-demo-backtest")
+        if not self.hang:  # a hung run has no end for the replay engine to judge
+            self._thread(self._run_backtest, "verl-demo-backtest")
+
+    def _start_trainer(self) -> None:
+        """--hang: the trainer as a process of its own (py-spy cannot read the demo's own stacks); RANK as a
+        launcher sets it, so that the verdict names the rank. It waits for the go (replay_hang)."""
+        argv = [sys.executable, "-m", "verl_exporter.tools.demo", str(self.log_path), f"{self.rate!r}", str(HANG_AT)]
+        try:
+            self.trainer = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                            start_new_session=True, preexec_fn=_die_with_parent(),
+                                            env={**os.environ, "RANK": "0"})
+        except OSError as e:
+            raise DemoError(f"cannot start the trainer ({argv[0]}): {e.strerror or e}") from None
 
     def _thread(self, target, name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -551,6 +620,33 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
                 if self.done.wait(interval):
                     return
         self.event("trainer", f"training finished at step {self.step}")
+
+    def replay_hang(self) -> None:
+        """--hang: let the trainer process write its steps, then wait (SETTLE_MAX_S at most) for the page that
+        carries the verdict on its stacks."""
+        from ..sidecar.control import ControlReader
+
+        self.reader = ControlReader(str(self.control_file))  # settle() honours it as for the default run
+        self.event("trainer", f"training starts (pid {self.trainer.pid}), writing verl's file log at {self.rate:g} "
+                              "steps/s")
+        self.trainer.stdin.write("go\n")
+        self.trainer.stdin.flush()
+        for text in self.trainer.stdout:
+            if self.done.is_set():
+                return
+            said = json.loads(text)
+            if "step" in said:
+                self.step, self.last_step_t = said["step"], time.monotonic() - self.t0
+            else:
+                self.hung = self.event("trainer", f"step {said['hang']}: the reward function compute_score waits "
+                                                  "for a reward server that never answers; the run hangs (as in "
+                                                  "verl PR #6673)")
+                break
+        if self.hung is None:
+            raise DemoError(f"the trainer exited (code {self.trainer.wait()}) before it hung")
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while self.page is None and time.monotonic() < deadline and not self.done.is_set():
+            self.done.wait(0.1)
 
     def after_step(self) -> bool:
         """What verl's step-end hook does with the control file; True when the run must stop."""
@@ -692,6 +788,8 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
             e = self.event("relay", f"→ {group}: {title}")
         if self.first_message is None:
             self.first_message = e
+        if EVIDENCE_ALERT in names and self.page is None:
+            self.page = e
 
     # ---- the same run through the replay engine (simulated clock, promtool), for the final report
     def _run_backtest(self) -> None:
@@ -732,6 +830,9 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
                                                  "shown" if self.quiet else "")
             + ". Not notified (-): inhibited by a root-cause alert, or resolved before its group was sent.",
             self.width, initial_indent="  ", subsequent_indent="  ")))
+        if self.hang:
+            self._report_hang()
+            return
         self._report_path()
         self._report_backtest()
 
@@ -756,6 +857,28 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
         first = f"First robot message at {self.first_message.t:.1f}s; " if self.first_message else ""
         self.say("\n" + "\n".join(textwrap.wrap(f"The path: {' → '.join(parts) or 'nothing fired'}. {first}"
                                                 f"{total:.1f}s in all.", self.width, subsequent_indent="  ")))
+
+    def _report_hang(self) -> None:
+        """--hang: the path from the last step to the stacks on disk and the page, and where the stacks are."""
+        captured = next((e for e in self.events if e.who == "sidecar" and e.text.startswith("forensics: stacks")),
+                        None)
+        stalled = self.lives.get(FORENSICS_ON)
+        marks = [] if self.last_step_t is None else [(self.last_step_t, f"last step {self.last_step_t:.1f}s "
+                                                                       f"(step {self.step})")]
+        for e, what in ((self.hung, "hung in compute_score"), (captured, "stacks captured"),
+                        (stalled and stalled.firing, f"{FORENSICS_ON} firing"), (self.page, "page with the verdict")):
+            if e is not None:
+                marks.append((e.t, f"{what} {e.t:.1f}s"))
+        path = " → ".join(text for _, text in sorted(marks)) or "no step"
+        text = f"The path: {path}. {time.monotonic() - self.t0:.1f}s in all."
+        if self.last_step_t is not None and captured is not None and self.page is not None:
+            text += (f" From the last step to the stacks on disk {captured.t - self.last_step_t:.1f}s, to the page "
+                     f"{self.page.t - self.last_step_t:.1f}s.")
+        last = self.sidecar.forensics.last
+        if last is not None:
+            text += f" The capture: {last['path']}: {last['verdict']}."
+        self.say("\n" + "\n".join(textwrap.wrap(text, self.width, subsequent_indent="  ", break_long_words=False,
+                                                break_on_hyphens=False)))
 
     def _report_backtest(self) -> None:
         t = next((t for t in self._threads if t.name == "verl-demo-backtest"), None)
@@ -791,6 +914,9 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
         if self.relay is not None:
             self.relay.stop(drain_seconds=1)
             stopped.append("the relay")
+        if self.trainer is not None:
+            stop_process(self.trainer)
+            stopped.append("the hung trainer")
         if self.sidecar is not None:
             self.sidecar.stop()
             stopped.append("the sidecar")
