@@ -51,7 +51,7 @@ FAULTS = [
     ("agentic", "collapse", 12, {"VerlRewardCollapse": 4, "VerlResponseLengthCollapse": 3,
                                  "VerlHighKLDivergence": 3},
      {"VerlRewardCollapse", "VerlNumericalCollapse", "VerlAnswersCollapsed"}),
-    ("grpo", "slow_decline", 60, {"VerlRewardDecline": 60}, set()),
+    ("grpo", "slow_decline", 60, {"VerlRewardDecline": 25}, set()),  # issue 24: a slow degradation within 25 steps
     ("grpo", "nan", 120, {"VerlNonFiniteGradNorm": 1}, {"VerlNonFiniteGradNorm"}),
     ("ppo", "slowdown", 150, {"VerlRolloutSlow": 3}, set()),
     ("grpo", "entropy_collapse", 120, {"VerlEntropyCollapse": 3}, set()),
