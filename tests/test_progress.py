@@ -9,8 +9,9 @@ import time
 import urllib.request
 
 import pytest
-from verl_exporter.core.selfmetrics import SelfMetrics
+from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.progress import STATE_NAME, Progress
+from verl_exporter.sidecar.sources.verl_file import SOURCE_RESETS
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
 
@@ -60,7 +61,7 @@ def test_follower_resets_count_once_with_the_step_that_follows(tmp_path):
     p = Progress(str(tmp_path), store, metrics)
     _step(store, 8, 1.0)
     p.update()
-    metrics.inc("verl_exporter_source_resets_total", reason="truncated")
+    metrics.inc(SOURCE_RESETS, reason="truncated")
     p.update()
     _step(store, 5, 2.0)  # the first line of the rewritten log
     p.update()

@@ -34,8 +34,11 @@ from collections import OrderedDict
 from dataclasses import replace
 from datetime import datetime, timezone
 
+from ..exposition.selfmetrics import SelfMetric
 from .config import Action
 from .nofollow import OPENER
+
+ACTIONS = SelfMetric("verl_relay_actions_total")
 
 EVIDENCE_ALERT = "VerlHangForensics"
 
@@ -83,7 +86,7 @@ class ActionRunner:
                 key = (i, alert.fingerprint or json.dumps(alert.labels, sort_keys=True))
                 now = self._clock()
                 if now - self._last.get(key, -1e18) < act.cooldown_seconds:
-                    self._metrics.inc("verl_relay_actions_total", action=act.action, result="cooldown")
+                    self._metrics.inc(ACTIONS, action=act.action, result="cooldown")
                     continue
                 self._last[key] = now
                 self._last.move_to_end(key)
@@ -92,7 +95,7 @@ class ActionRunner:
                 try:
                     self._queue.put_nowait((act, alert, receiver))
                 except queue.Full:
-                    self._metrics.inc("verl_relay_actions_total", action=act.action, result="dropped")
+                    self._metrics.inc(ACTIONS, action=act.action, result="dropped")
 
     def _prune(self, now: float) -> None:
         """Forget the alerts whose every cooldown is over: they would act again anyway."""
@@ -109,7 +112,7 @@ class ActionRunner:
             except Exception:  # a bug must cost this action, not the thread (and every later action)
                 log.exception("action: the %s request to %s failed", act.action, act.url)
                 result = "failed"
-            self._metrics.inc("verl_relay_actions_total", action=act.action, result=result)
+            self._metrics.inc(ACTIONS, action=act.action, result=result)
 
     def _call(self, act: Action, alertname: str) -> tuple[str, dict]:
         body = json.dumps({"reason": alertname}).encode()

@@ -43,6 +43,9 @@ from typing import NamedTuple
 
 from ..core.atomicfile import make_dirs, write_atomic
 from ..core.auth import bearer_token_ok
+from ..exposition.selfmetrics import SelfMetric
+
+CONTROL_REQUESTS = SelfMetric("verl_exporter_control_requests_total")
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +360,7 @@ def make_control_app(state: ControlState, token: str, self_metrics, forensics=No
         action = path[len("/control/"):]
 
         def reply(code: str, body: dict, result: str, extra_headers=()):
-            self_metrics.inc("verl_exporter_control_requests_total", action=action if action in known else "other",
+            self_metrics.inc(CONTROL_REQUESTS, action=action if action in known else "other",
                              result=result)
             data = json.dumps(body).encode()
             start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
