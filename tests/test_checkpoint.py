@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -37,7 +38,6 @@ from verl_exporter.sidecar.collectors import checkpoint as checkpoint_collector
 from verl_exporter.sidecar.collectors.checkpoint import CheckpointCollector
 from verl_exporter.sidecar.collectors.sampler import Sampler
 from verl_exporter.spec import load_spec
-from verl_exporter.trainer import verl_callback
 
 GRACE = 900.0
 T0 = 1_700_000_000.0  # file times the tests set, far from "now", so the fake clock alone decides ages
@@ -45,14 +45,27 @@ T0 = 1_700_000_000.0  # file times the tests set, far from "now", so the fake cl
 
 def verl_module(name: str):
     """A module of the real verl: required in CI, a skip elsewhere (as in test_verl_integration)."""
-    import importlib
-
     try:
         return importlib.import_module(name)
     except ImportError as e:
         if IN_CI:
             pytest.fail(f"verl is not installed: {e}")
         pytest.skip(f"verl is not installed: {e}")
+
+
+@pytest.fixture
+def verl_callback(monkeypatch):
+    """The callback module as it loads where verl is absent (on its stand-in base class): the unit tier imports
+    no verl. Under verl's own base class it is test_callback_is_loaded_by_verl_and_writes_the_manifest's."""
+    import verl_exporter.trainer as trainer
+
+    name = "verl_exporter.trainer.verl_callback"
+    monkeypatch.setitem(sys.modules, "verl", None)  # `import verl...` raises ImportError
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delattr(trainer, "verl_callback", raising=False)
+    yield importlib.import_module(name)
+    sys.modules.pop(name, None)  # monkeypatch then puts back the real module, where one was loaded
+    trainer.__dict__.pop("verl_callback", None)
 
 
 def make_checkpoint(root: Path, step: int, *, tracker: bool = True, critic: bool = True) -> Path:
@@ -250,6 +263,7 @@ def test_read_tracker_without_file_or_dir(tmp_path):
     assert read_tracker(tmp_path / "missing") is None
 
 
+@pytest.mark.integration  # verl
 def test_real_verl_checkpoint_handler_writes_a_layout_we_read(tmp_path):
     """verl's own CheckpointHandler saves (tracker via temp + rename); our reader agrees with verl's."""
     handler_mod = verl_module("verl.utils.checkpoint.checkpoint_handler")
@@ -397,9 +411,11 @@ def test_cli_through_the_installed_entry_point(tmp_path):
 # ---------------------------------------------------------------------------------------------- callback
 
 
+@pytest.mark.integration  # verl
 def test_callback_is_loaded_by_verl_and_writes_the_manifest(tmp_path):
     callback_mod = verl_module("verl.trainer.ppo.checkpoint_callback")
     from omegaconf import OmegaConf
+    from verl_exporter.trainer import verl_callback
 
     config = OmegaConf.create({"trainer": {
         "checkpoint_callback_class": "verl_exporter.trainer.verl_callback.ManifestCheckpointCallback"}})
@@ -416,7 +432,7 @@ def test_callback_is_loaded_by_verl_and_writes_the_manifest(tmp_path):
     assert verify_manifest(d).ok
 
 
-def test_callback_skips_async_saves(tmp_path, caplog):
+def test_callback_skips_async_saves(tmp_path, caplog, verl_callback):
     d = make_checkpoint(tmp_path, 20, tracker=False)  # verl writes no tracker with async_save either
     callback = verl_callback.ManifestCheckpointCallback(config=None)
     with caplog.at_level(logging.INFO, logger="verl_exporter"):
@@ -427,7 +443,7 @@ def test_callback_skips_async_saves(tmp_path, caplog):
     assert [r.levelno for r in records] == [logging.WARNING, logging.INFO]  # loud once, then quiet
 
 
-def test_an_async_save_over_an_earlier_runs_checkpoint_removes_its_stale_manifest(tmp_path, caplog):
+def test_an_async_save_over_an_earlier_runs_checkpoint_removes_its_stale_manifest(tmp_path, caplog, verl_callback):
     d = make_checkpoint(tmp_path, 20)
     write_manifest(d)  # run 1's save of step 20
     # run 2 resumed from an earlier step and saves step 20 again, asynchronously: new shards are on their way
@@ -441,7 +457,7 @@ def test_an_async_save_over_an_earlier_runs_checkpoint_removes_its_stale_manifes
 
 
 @pytest.mark.parametrize("where", ["missing", "a_file"])
-def test_callback_never_raises_on_a_bad_dir(tmp_path, caplog, where):
+def test_callback_never_raises_on_a_bad_dir(tmp_path, caplog, where, verl_callback):
     target = tmp_path / where
     if where == "a_file":
         target.write_text("not a folder")
@@ -451,7 +467,7 @@ def test_callback_never_raises_on_a_bad_dir(tmp_path, caplog, where):
     assert len(caplog.records) == 1 and "no manifest for checkpoint step 1" in caplog.records[0].getMessage()
 
 
-def test_callback_never_raises_whatever_fails_and_logs_the_traceback_once(tmp_path, caplog, monkeypatch):
+def test_callback_never_raises_whatever_fails_and_logs_the_traceback_once(tmp_path, caplog, monkeypatch, verl_callback):
     def broken(step_dir):
         raise RuntimeError("disk on fire")
 
@@ -465,7 +481,7 @@ def test_callback_never_raises_whatever_fails_and_logs_the_traceback_once(tmp_pa
     assert [bool(r.exc_info) for r in caplog.records] == [True, False, False]
 
 
-def test_callback_lets_ctrl_c_through(tmp_path, monkeypatch):
+def test_callback_lets_ctrl_c_through(tmp_path, monkeypatch, verl_callback):
     def interrupted(step_dir):
         raise KeyboardInterrupt
 
@@ -674,6 +690,7 @@ def prune_like_verl(root: Path, steps: list[int], component: str, keep: int) -> 
         manager.register_checkpoint(str(root / f"global_step_{step}" / component), keep)
 
 
+@pytest.mark.integration  # verl
 def test_verls_retention_leaves_husks_that_are_neither_kept_nor_mismatches(tmp_path):
     steps = [10, 20, 30]
     for step in steps:

@@ -10,7 +10,9 @@ import urllib.request
 
 import pytest
 from verl_exporter.exposition.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.control import CONTROL_REQUESTS
 from verl_exporter.sidecar.progress import STATE_NAME, Progress
+from verl_exporter.sidecar.sources.verl_file import SOURCE_RESETS
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
 
@@ -60,7 +62,7 @@ def test_follower_resets_count_once_with_the_step_that_follows(tmp_path):
     p = Progress(str(tmp_path), store, metrics)
     _step(store, 8, 1.0)
     p.update()
-    metrics.inc("verl_exporter_source_resets_total", reason="truncated")
+    metrics.inc(SOURCE_RESETS, reason="truncated")
     p.update()
     _step(store, 5, 2.0)  # the first line of the rewritten log
     p.update()
@@ -87,11 +89,11 @@ def test_a_stop_accepted_by_the_control_endpoint_is_kept_until_the_trainer_resta
     _step(store, 5, 1.0)
     p.update()
     assert metrics.value("verl_run_stop_requested") == 0
-    metrics.inc("verl_exporter_control_requests_total", action="checkpoint", result="accepted")
-    metrics.inc("verl_exporter_control_requests_total", action="stop", result="unreachable")  # the trainer can't see it
+    metrics.inc(CONTROL_REQUESTS, action="checkpoint", result="accepted")
+    metrics.inc(CONTROL_REQUESTS, action="stop", result="unreachable")  # the trainer can't see it
     p.update()
     assert metrics.value("verl_run_stop_requested") == 0
-    metrics.inc("verl_exporter_control_requests_total", action="stop", result="accepted")
+    metrics.inc(CONTROL_REQUESTS, action="stop", result="accepted")
     p.update()
     assert metrics.value("verl_run_stop_requested") == 1
     store, metrics = _parts()  # the sidecar restarted while the stopped trainer exits: the request is kept

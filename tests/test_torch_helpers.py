@@ -6,11 +6,18 @@ import math
 
 import pytest
 from conftest import http_get, parse_metrics, sample
+from verl_exporter import Monitor
+from verl_exporter.trainer.torch_helpers import GradWatch
 
-torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.integration  # torch: verl's stack, not the unit tier's
+torch = None
 
-from verl_exporter import Monitor  # noqa: E402
-from verl_exporter.trainer.torch_helpers import GradWatch  # noqa: E402
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch():
+    """torch is imported when a test runs, not as the module loads (collecting the unit tier would cost 2 s)."""
+    global torch
+    torch = pytest.importorskip("torch")
 
 
 def model_with_grads(nan: bool = False):

@@ -26,7 +26,8 @@ from verl_exporter.sidecar.mapper import KeyMapper
 from verl_exporter.spec import load_spec
 
 _FOUND = importlib.util.find_spec("verl")
-pytestmark = pytest.mark.skipif(_FOUND is None, reason="verl is not installed")
+pytestmark = [pytest.mark.integration,  # reads the installed verl's source
+              pytest.mark.skipif(_FOUND is None, reason="verl is not installed")]
 
 KEY_RE = re.compile(r"^[A-Za-z_][\w\-@.()]*(?:/[\w\-@.()]+)+$")
 PLACEHOLDER_RE = re.compile(r"\{([^{}]+)\}")

@@ -44,6 +44,7 @@ class _Guard:
 
 GUARD = _Guard()
 LOADS_VERL = pytest.StashKey[bool]()
+VERL_BEFORE = pytest.StashKey[object]()  # the verl module loaded when the test's setup began, if any
 
 
 def _wrap(owner, name: str, what):
@@ -94,7 +95,9 @@ install()
 def _watched(item):
     """Run one phase of a test (setup, call, teardown) under the guard; fail it on what the guard found."""
     unit = item.get_closest_marker(MARK) is None
-    had_verl = "verl" in sys.modules
+    # None: not loaded, or blocked by the test (sys.modules["verl"] = None); putting back the module loaded
+    # before the test (a fixture's teardown) is no import
+    had_verl = {id(sys.modules.get("verl")), id(item.stash.setdefault(VERL_BEFORE, sys.modules.get("verl")))}
     GUARD.active, GUARD.found = unit, []
     if item.stash.get(LOADS_VERL, False):
         GUARD.found.append("its module imports verl as it loads (import it inside the tests that need it)")
@@ -103,7 +106,7 @@ def _watched(item):
         result = yield
     finally:
         GUARD.active = False
-    if unit and not had_verl and "verl" in sys.modules:
+    if unit and sys.modules.get("verl") is not None and id(sys.modules["verl"]) not in had_verl:
         GUARD.found.append("importing verl")
         # forget it, so that the next unit test that imports verl is caught too
         for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:

@@ -21,8 +21,11 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from ..core.httpserver import HttpServer, ListenError, parse_listen
+from ..exposition.selfmetrics import SelfMetric
 from .encode import choose_format, gzip_wanted
 from .selfmetrics import SelfMetrics, describe
+
+LAST_SCRAPE_DURATION_SECONDS = SelfMetric("verl_exporter_last_scrape_duration_seconds")
 
 __all__ = ["HttpServer", "ListenError", "SafeCollector", "health_handler", "make_app", "method_not_allowed",
            "metrics_app", "parse_listen"]
@@ -95,7 +98,7 @@ def make_app(registry: CollectorRegistry, self_metrics: SelfMetrics, health: Hea
         if path == "/metrics":
             started = time.perf_counter()
             answer = metrics(environ, start_response)
-            self_metrics.set("verl_exporter_last_scrape_duration_seconds", time.perf_counter() - started)
+            self_metrics.set(LAST_SCRAPE_DURATION_SECONDS, time.perf_counter() - started)
             return answer
         if path == "/healthz":
             return _health(health, environ, start_response)

@@ -1,5 +1,9 @@
 """The sidecar's own health: counters and gauges declared in the spec with ``instrumented_by: exporter``.
 
+Code names a self-metric by a ``SelfMetric`` handle, one per module and name, made as the module is imported:
+a name the packaged spec does not declare as set by the pack fails that import, not a sidecar at 3 a.m. The
+handle only refers to the spec entry, where the name, type, help and labels are declared.
+
 Every problem anywhere in the sidecar goes through ``problem()``: it is counted and logged, and never raised
 into the caller. Per component and kind, the first occurrence is logged with its traceback when it comes from
 an exception that may be a bug; ordinary bad input (``expected=True``, or an OSError or UnicodeError: a
@@ -9,6 +13,7 @@ most once a minute.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -18,7 +23,7 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from .. import __version__
-from ..spec import Spec
+from ..spec import MetricSpec, Spec, load_spec
 from .encode import safe_text
 from .families import family
 
@@ -44,6 +49,30 @@ def one_line(message: str, limit: int = _MESSAGE_LIMIT) -> str:
     return message if len(message) <= limit else message[:limit] + "..."
 
 
+@functools.cache
+def _set_by_the_pack() -> dict[str, MetricSpec]:
+    return {m.name: m for m in load_spec().metrics if m.instrumented_by is not None}
+
+
+class SelfMetric:
+    """A spec entry the pack sets (``instrumented_by``), looked up by name in the packaged spec when made."""
+
+    __slots__ = ("name", "labels")
+
+    def __init__(self, name: str):
+        metric = _set_by_the_pack().get(name)
+        if metric is None:
+            raise LookupError(f"{name} is not a metric the packaged spec says the pack sets (instrumented_by)")
+        self.name, self.labels = name, tuple(metric.labels)
+
+    def __repr__(self) -> str:
+        return f"SelfMetric({self.name!r})"
+
+
+BUILD_INFO = SelfMetric("verl_exporter_build_info")
+SOURCE_ERRORS = SelfMetric("verl_exporter_source_errors_total")
+
+
 class SpecSeries:
     """Thread-safe counters and gauges of the spec entries one part of the pack sets (names checked on use)."""
 
@@ -55,22 +84,23 @@ class SpecSeries:
         self._const = {name: safe_text(str(value)) for name, value in (const_labels or {}).items()}
 
     def _key(self, name: str, labels: dict[str, str]) -> tuple[str, ...]:
-        metric = self._metrics[name]  # KeyError: a name the spec does not declare
+        metric = self._metrics[name]  # KeyError: not one this part sets, or not in the spec it was given
         return tuple(safe_text(str(labels[label])) for label in metric.labels)
 
-    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(name, labels)
+    def inc(self, metric: SelfMetric, amount: float = 1.0, **labels: str) -> None:
+        key = self._key(metric.name, labels)
         with self._lock:
-            series = self._values[name]
+            series = self._values[metric.name]
             series[key] = series.get(key, 0.0) + amount
 
-    def set(self, name: str, value: float, **labels: str) -> None:
-        key = self._key(name, labels)
+    def set(self, metric: SelfMetric, value: float, **labels: str) -> None:
+        key = self._key(metric.name, labels)
         with self._lock:
-            self._values[name][key] = float(value)
+            self._values[metric.name][key] = float(value)
 
-    def value(self, name: str, **labels: str) -> float:
-        """The current value of one series (0 when never touched); for tests and health checks."""
+    def value(self, metric: SelfMetric | str, **labels: str) -> float:
+        """The current value of one series (0 when never touched); for tests (by name) and health checks."""
+        name = metric if isinstance(metric, str) else metric.name
         key = self._key(name, labels)
         with self._lock:
             return self._values[name].get(key, 0.0)
@@ -89,7 +119,7 @@ class SelfMetrics(SpecSeries):
     def __init__(self, spec: Spec, const_labels: dict[str, str] | None = None):
         super().__init__(spec, "exporter", const_labels)
         self._last_logged: dict[tuple[str, str], float] = {}
-        self.set("verl_exporter_build_info", 1, version=__version__)
+        self.set(BUILD_INFO, 1, version=__version__)
 
     def problem(self, component: str, kind: str, message: str, count: bool = True,
                 error: BaseException | None = None, expected: bool = False) -> None:
@@ -102,7 +132,7 @@ class SelfMetrics(SpecSeries):
         bounded line.
         """
         if count:
-            self.inc("verl_exporter_source_errors_total", component=component)
+            self.inc(SOURCE_ERRORS, component=component)
         now = time.monotonic()
         last = self._last_logged.get((component, kind))
         if last is None or now - last >= _LOG_EVERY_S:

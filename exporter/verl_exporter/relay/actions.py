@@ -36,10 +36,13 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from ..exposition.selfmetrics import SelfMetric
 from .config import Action
 from .metrics import RelayMetrics
 from .nofollow import OPENER
 from .payload import Alert
+
+ACTIONS = SelfMetric("verl_relay_actions_total")
 
 EVIDENCE_ALERT = "VerlHangForensics"
 
@@ -91,7 +94,7 @@ class ActionRunner:
                 key = (i, alert.fingerprint or json.dumps(alert.labels, sort_keys=True))
                 now = self._clock()
                 if now - self._last.get(key, -1e18) < act.cooldown_seconds:
-                    self._metrics.inc("verl_relay_actions_total", action=act.action, result="cooldown")
+                    self._metrics.inc(ACTIONS, action=act.action, result="cooldown")
                     continue
                 self._last[key] = now
                 self._last.move_to_end(key)
@@ -100,7 +103,7 @@ class ActionRunner:
                 try:
                     self._queue.put_nowait((act, alert, receiver))
                 except queue.Full:
-                    self._metrics.inc("verl_relay_actions_total", action=act.action, result="dropped")
+                    self._metrics.inc(ACTIONS, action=act.action, result="dropped")
 
     def _prune(self, now: float) -> None:
         """Forget the alerts whose every cooldown is over: they would act again anyway."""
@@ -117,7 +120,7 @@ class ActionRunner:
             except Exception:  # a bug must cost this action, not the thread (and every later action)
                 log.exception("action: the %s request to %s failed", act.action, act.url)
                 result = "failed"
-            self._metrics.inc("verl_relay_actions_total", action=act.action, result=result)
+            self._metrics.inc(ACTIONS, action=act.action, result=result)
 
     def _call(self, act: Action, alertname: str) -> tuple[str, Answer]:
         body = json.dumps({"reason": alertname}).encode()

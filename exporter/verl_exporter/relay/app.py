@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.auth import bearer_token_ok
 from ..core.httpserver import HttpServer
 from ..exposition.app import method_not_allowed, metrics_app
+from ..exposition.selfmetrics import SelfMetric
 from .actions import ActionRunner, evidence_alert
 from .config import RelayConfig
 from .dispatch import Dispatcher, Draining, QueueFull
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 Json = dict[str, Any]  # an answer's JSON body
+
+REQUESTS = SelfMetric("verl_relay_requests_total")
+TRUNCATED_ALERTS = SelfMetric("verl_relay_truncated_alerts_total")
+REPAIRED_VALUES = SelfMetric("verl_relay_repaired_values_total")
+REJECTED_PAYLOADS = SelfMetric("verl_relay_rejected_payloads_total")
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +83,7 @@ class RelayApp:
         except Exception:  # a bug must cost this request, counted and logged, not the caller's connection
             log.exception("webhook %s: internal error", label)
             code, body = 500, {"error": "internal error of the relay (logged)"}
-        self.metrics.inc("verl_relay_requests_total", receiver=label, code=str(code))
+        self.metrics.inc(REQUESTS, receiver=label, code=str(code))
         if code >= 400 and code != 503:
             detail = "; ".join(body.get("problems", [])[:3])
             log.warning("webhook %s: %d %s%s", label, code, body.get("error", ""), f": {detail}" if detail else "")
@@ -112,7 +118,7 @@ class RelayApp:
         if payload.truncated_alerts:
             log.warning("webhook %s: Alertmanager truncated %d alert(s) of this group (max_alerts)", receiver,
                         payload.truncated_alerts)
-            self.metrics.inc("verl_relay_truncated_alerts_total", payload.truncated_alerts,
+            self.metrics.inc(TRUNCATED_ALERTS, payload.truncated_alerts,
                              receiver=self.metrics.receiver_label(receiver))
         if self.on_webhook is not None:
             try:
@@ -131,13 +137,13 @@ class RelayApp:
             return 503, {"error": "the relay is shutting down; retry"}
         if payload.repairs:  # values no message could show, repaired: every alert is still delivered
             for r in payload.repairs:
-                self.metrics.inc("verl_relay_repaired_values_total", reason=r.reason)
+                self.metrics.inc(REPAIRED_VALUES, reason=r.reason)
             log.warning("webhook %s: %d value(s) repaired so that the alerts can be delivered: %s", receiver,
                         len(payload.repairs), "; ".join(map(str, payload.repairs[:3]))[:600])
         return 200, {"status": "queued", "alerts": len(payload.alerts), "targets": queued}
 
     def _rejected(self, reason: str) -> None:
-        self.metrics.inc("verl_relay_rejected_payloads_total", reason=reason)
+        self.metrics.inc(REJECTED_PAYLOADS, reason=reason)
 
     def _authorized(self, environ: WSGIEnvironment) -> bool:
         token = self.config.bearer_token
@@ -254,7 +260,7 @@ class Relay:
         """A connection the server dropped: counted as the answer a client would have had (408 or 503)."""
         code = {"timeout": "408", "overload": "503", "bad_request": "400"}.get(kind)
         if code is not None:
-            self.metrics.inc("verl_relay_requests_total", receiver="unknown", code=code)
+            self.metrics.inc(REQUESTS, receiver="unknown", code=code)
         log.debug("http: %s", message)
 
     def stop(self, drain_seconds: float | None = None) -> dict[str, int]:

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..core.atomicfile import write_atomic
+from ..exposition.selfmetrics import SelfMetric
 from .config import RelayConfig, Target, zone
 from .format import Message, pack, unrenderable
 from .journal import Journal, SpoolError
@@ -34,6 +35,13 @@ from .metrics import RelayMetrics
 from .payload import Alert, Repair, parse_alert
 from .senders import Sender, make_sender
 from .summary import summarise
+
+ALERTS = SelfMetric("verl_relay_alerts_total")
+SEND_DURATION_SECONDS = SelfMetric("verl_relay_send_duration_seconds_total")
+MESSAGES = SelfMetric("verl_relay_messages_total")
+ROBOT_ERRORS = SelfMetric("verl_relay_robot_errors_total")
+SPOOL_ERRORS = SelfMetric("verl_relay_spool_errors_total")
+REPAIRED_VALUES = SelfMetric("verl_relay_repaired_values_total")
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +149,7 @@ class TargetWorker:
                 if old is not None:
                     self._settled([old])
                     old.alert, old.receiver, old.jid = q.alert, q.receiver, q.jid  # keeps its place in the queue
-                    self.metrics.inc("verl_relay_alerts_total", target=self.target.name, result="superseded")
+                    self.metrics.inc(ALERTS, target=self.target.name, result="superseded")
                 else:
                     self._pending.append(q)
                     self._by_key[q.alert.key] = q
@@ -228,7 +236,7 @@ class TargetWorker:
     def _drop_unrenderable(self, q: Queued, e: Exception) -> None:
         self._pending.remove(q)
         self._by_key.pop(q.alert.key, None)
-        self.metrics.inc("verl_relay_alerts_total", target=self.target.name, result="unrenderable")
+        self.metrics.inc(ALERTS, target=self.target.name, result="unrenderable")
         self._settled([q])
         log.error("target %s: alert %r (%r) cannot be formatted (%s: %s); dropped, the others are delivered",
                   self.target.name, q.alert.name[:100], q.alert.fingerprint[:40],
@@ -278,7 +286,7 @@ class TargetWorker:
                     if not lost and self._pending:  # packing failed: drop the head, which caused it
                         lost = [self._pending.popleft()]
                         self._by_key.pop(lost[0].alert.key, None)
-                self.metrics.inc("verl_relay_alerts_total", len(lost), target=self.target.name, result="failed")
+                self.metrics.inc(ALERTS, len(lost), target=self.target.name, result="failed")
                 self._settled(lost)
                 log.exception("target %s: %d alert(s) not delivered because of an internal error",
                               self.target.name, len(lost))
@@ -302,30 +310,30 @@ class TargetWorker:
                 try_id = self.journal.attempt(name, time.time() + self.delivery.request_timeout_seconds)
             t0 = time.perf_counter()
             result = self.sender.send(message.body)
-            self.metrics.inc("verl_relay_send_duration_seconds_total", time.perf_counter() - t0, target=name)
+            self.metrics.inc(SEND_DURATION_SECONDS, time.perf_counter() - t0, target=name)
             self.limiter.record()  # every attempt counts: the robot may have counted it
             if self.journal is not None:
                 self.journal.attempt(name, time.time(), try_id)
             if result.ok:
-                self.metrics.inc("verl_relay_messages_total", target=name, result="sent")
-                self.metrics.inc("verl_relay_alerts_total", len(batch), target=name, result="delivered")
+                self.metrics.inc(MESSAGES, target=name, result="sent")
+                self.metrics.inc(ALERTS, len(batch), target=name, result="delivered")
                 self.last_success = time.time()
                 return True
-            self.metrics.inc("verl_relay_robot_errors_total", target=name, errcode=result.errcode)
+            self.metrics.inc(ROBOT_ERRORS, target=name, errcode=result.errcode)
             if result.rate_limited:
                 self.limiter.saturate()
                 if self.journal is not None:
                     self.journal.saturated(name, time.time())
             if self.delivery.should_retry(result, attempt, time.monotonic() - started):
-                self.metrics.inc("verl_relay_messages_total", target=name, result="retried")
+                self.metrics.inc(MESSAGES, target=name, result="retried")
                 backoff = self.delivery.backoff(attempt)
                 log.warning("target %s: attempt %d of a message of %d alert(s) failed, retrying in %.1fs: %s",
                             name, attempt, len(batch), backoff, result.detail)
                 if not self._wait(backoff):
                     return False
                 continue
-            self.metrics.inc("verl_relay_messages_total", target=name, result="failed")
-            self.metrics.inc("verl_relay_alerts_total", len(batch), target=name, result="failed")
+            self.metrics.inc(MESSAGES, target=name, result="failed")
+            self.metrics.inc(ALERTS, len(batch), target=name, result="failed")
             why = "not retryable" if not result.retryable else f"gave up after {attempt} attempt(s)"
             log.error("target %s: a message of %d alert(s) (%s) was NOT delivered (%s): %s", name, len(batch),
                       _names(batch), why, result.detail)
@@ -373,13 +381,13 @@ class Dispatcher:
         for alert in alerts:
             why = unrenderable(alert, self.tz)
             if why is not None:  # parse_payload repairs what it knows; this alert would stall a queue
-                self.metrics.inc("verl_relay_alerts_total", target="", result="unrenderable")
+                self.metrics.inc(ALERTS, target="", result="unrenderable")
                 log.error("webhook %s: alert %r cannot be formatted (%s); not accepted, the others are", receiver,
                           alert.name[:100], why)
                 continue
             targets = self.config.targets_for(receiver, alert.labels)
             if not targets:
-                self.metrics.inc("verl_relay_alerts_total", target="", result="unrouted")
+                self.metrics.inc(ALERTS, target="", result="unrouted")
             for t in targets:
                 plan.setdefault(t, []).append(Queued(alert, receiver, now))
         summarised: dict[str, int] = {}
@@ -402,7 +410,7 @@ class Dispatcher:
                 raise
         for t, n in summarised.items():
             if n:
-                self.metrics.inc("verl_relay_alerts_total", n, target=t, result="summarised")
+                self.metrics.inc(ALERTS, n, target=t, result="summarised")
         return {t: len(items) for t, items in plan.items()}
 
     def drain(self, seconds: float) -> dict[str, list[Queued]]:
@@ -433,7 +441,7 @@ class Dispatcher:
                 self.journal.close(keep_pending=False)
             if total:
                 for t, items in left.items():
-                    self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="failed")
+                    self.metrics.inc(ALERTS, len(items), target=t, result="failed")
                 log.error("%d undelivered alert(s) lost at shutdown: set spool_dir to keep them for the next "
                           "start", total)
             return None
@@ -446,18 +454,18 @@ class Dispatcher:
             spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_atomic(path, json.dumps(doc, ensure_ascii=False), mode=0o600)
         except OSError as e:
-            self.metrics.inc("verl_relay_spool_errors_total", operation="write")
+            self.metrics.inc(SPOOL_ERRORS, operation="write")
             if self.journal is not None:
                 self.journal.close(keep_pending=True)
             for t, items in left.items():
-                self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="spooled")
+                self.metrics.inc(ALERTS, len(items), target=t, result="spooled")
             log.error("cannot write the spool in %s (%s): the %d undelivered alert(s) stay in %s and are sent at "
                       "the next start", spool_dir, e.strerror, total, self.journal.path.name if self.journal else "")
             return None
         if self.journal is not None:
             self.journal.close(keep_pending=False)
         for t, items in left.items():
-            self.metrics.inc("verl_relay_alerts_total", len(items), target=t, result="spooled")
+            self.metrics.inc(ALERTS, len(items), target=t, result="spooled")
         log.info("spooled %d undelivered alert(s) to %s; they are sent at the next start", total, path)
         return path
 
@@ -481,7 +489,7 @@ class Dispatcher:
                 if doc.get("version") != 1 or not isinstance(entries, list):
                     raise ValueError("not a version 1 spool")
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-                self.metrics.inc("verl_relay_spool_errors_total", operation="read")
+                self.metrics.inc(SPOOL_ERRORS, operation="read")
                 log.error("spool file %s cannot be read (%s); renamed to .bad", path.name, e)
                 path.rename(path.with_suffix(".bad"))
                 continue
@@ -521,12 +529,12 @@ class Dispatcher:
             why = unrenderable(alert, self.tz)
             problems += [f"it cannot be formatted ({why})"] if why else []
         if alert is None or not known or problems:
-            self.metrics.inc("verl_relay_alerts_total", target=target if known else "", result="failed")
+            self.metrics.inc(ALERTS, target=target if known else "", result="failed")
             log.error("%s: an entry cannot be resent (%s)", source,
                       "; ".join(problems) or f"target {str(given)[:100]!r} is not configured")
             return 0
         for r in repairs:
-            self.metrics.inc("verl_relay_repaired_values_total", reason=r.reason)
+            self.metrics.inc(REPAIRED_VALUES, reason=r.reason)
         if repairs:
             log.warning("%s: %s", source, "; ".join(map(str, repairs[:3]))[:600])
         self.workers[target].offer([Queued(alert, str(entry.get("receiver", "")), now)], force=True)

@@ -37,7 +37,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..core.atomicfile import remove_stale_temps, write_atomic
+from ..exposition.selfmetrics import SelfMetric
 from .metrics import RelayMetrics
+
+SPOOL_ERRORS = SelfMetric("verl_relay_spool_errors_total")
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +340,7 @@ class Journal:
             self._fd = None
 
     def _error(self, operation: str, message: str) -> None:
-        self.metrics.inc("verl_relay_spool_errors_total", operation=operation)
+        self.metrics.inc(SPOOL_ERRORS, operation=operation)
         if not self._failing:  # once per failing spell, not once per webhook; the traceback the first time
             log.error("%s", message, exc_info=None if self._logged_traceback else sys.exc_info()[1])
             self._logged_traceback = True

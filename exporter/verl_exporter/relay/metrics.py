@@ -12,11 +12,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from ..exposition.families import family
-from ..exposition.selfmetrics import SpecSeries
+from ..exposition.selfmetrics import SelfMetric, SpecSeries
 from ..spec import Spec, load_spec
 
 MAX_RECEIVER_VALUES = 64
 OTHER = "other"
+QUEUE_DEPTH = SelfMetric("verl_relay_queue_depth")
+QUEUE_OLDEST = SelfMetric("verl_relay_queue_oldest_seconds")
 
 
 class RelayMetrics(SpecSeries):
@@ -38,8 +40,8 @@ class RelayMetrics(SpecSeries):
     def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshot()
         for target, (depth, oldest) in self.queue_state().items():
-            snapshot["verl_relay_queue_depth"][(target,)] = float(depth)
-            snapshot["verl_relay_queue_oldest_seconds"][(target,)] = float(oldest)
+            snapshot[QUEUE_DEPTH.name][(target,)] = float(depth)
+            snapshot[QUEUE_OLDEST.name][(target,)] = float(oldest)
         for name, metric in self._metrics.items():
             yield family(metric, snapshot[name], {})
 

@@ -44,7 +44,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core.atomicfile import make_dirs, write_atomic
 from ..core.auth import bearer_token_ok
-from ..exposition.selfmetrics import SelfMetrics
+from ..exposition.selfmetrics import SelfMetric, SelfMetrics
+
+CONTROL_REQUESTS = SelfMetric("verl_exporter_control_requests_total")
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -370,7 +372,7 @@ def make_control_app(state: ControlState, token: str, self_metrics: SelfMetrics,
 
         def reply(code: str, body: dict[str, Any], result: str,
                   extra_headers: Sequence[tuple[str, str]] = ()) -> list[bytes]:
-            self_metrics.inc("verl_exporter_control_requests_total", action=action if action in known else "other",
+            self_metrics.inc(CONTROL_REQUESTS, action=action if action in known else "other",
                              result=result)
             data = json.dumps(body).encode()
             start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),

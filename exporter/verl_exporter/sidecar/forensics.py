@@ -35,7 +35,12 @@ import psutil
 
 from ..core.atomicfile import make_dirs, write_atomic
 from ..core.verdict import flight_recorder_verdict, read_flight_recorder, verdict
+from ..exposition.selfmetrics import SelfMetric
 from .collectors.gpu_processes import looks_like_ray_worker
+
+FORENSICS_CAPTURES = SelfMetric("verl_exporter_forensics_captures_total")
+FORENSICS_FAILURES = SelfMetric("verl_exporter_forensics_failures_total")
+FORENSICS_LAST_CAPTURE_TIMESTAMP_SECONDS = SelfMetric("verl_exporter_forensics_last_capture_timestamp_seconds")
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +144,9 @@ class Forensics:
         self.last: dict | None = None  # {time, path, verdict, trigger} of the latest capture
         self._last_doc: dict | None = None
         for trigger in ("stall", "request"):
-            self_metrics.inc("verl_exporter_forensics_captures_total", 0, trigger=trigger)
+            self_metrics.inc(FORENSICS_CAPTURES, 0, trigger=trigger)
         for reason in (*HINTS, "write"):
-            self_metrics.inc("verl_exporter_forensics_failures_total", 0, reason=reason)
+            self_metrics.inc(FORENSICS_FAILURES, 0, reason=reason)
 
     # ------------------------------------------------------------------ one process
     def _binary(self) -> str | None:
@@ -192,7 +197,7 @@ class Forensics:
                 processes = list(pool.map(one, targets(self._trainer_pid)))
             for p in processes:
                 if "reason" in p:
-                    self._self.inc("verl_exporter_forensics_failures_total", reason=p["reason"])
+                    self._self.inc(FORENSICS_FAILURES, reason=p["reason"])
                     p["hint"] = HINTS[p["reason"]]
             doc = {"version": 1, "time": now, "trigger": trigger, "reason": reason, "step": step,
                    "host": socket.gethostname(), "run": self._labels.get("run"), "rank": self._labels.get("rank"),
@@ -208,8 +213,8 @@ class Forensics:
                             processes), len(processes), ", ".join(failures), HINTS[failures[0]])
             doc["path"] = self._write(doc, now)
             if doc["path"]:
-                self._self.inc("verl_exporter_forensics_captures_total", trigger=trigger)
-                self._self.set("verl_exporter_forensics_last_capture_timestamp_seconds", now)
+                self._self.inc(FORENSICS_CAPTURES, trigger=trigger)
+                self._self.set(FORENSICS_LAST_CAPTURE_TIMESTAMP_SECONDS, now)
                 log.warning("forensics: stacks of %d process(es) in %s: %s", len(processes), doc["path"],
                             doc["verdict"])
             self.last = {"time": now, "trigger": trigger, "path": doc["path"], "verdict": doc["verdict"]}
@@ -234,7 +239,7 @@ class Forensics:
             write_atomic(path, json.dumps({**doc, "path": str(path)}, default=str), mode=FILE_MODE)
             self._prune()
         except OSError as e:
-            self._self.inc("verl_exporter_forensics_failures_total", reason="write")
+            self._self.inc(FORENSICS_FAILURES, reason="write")
             self._self.problem("forensics", "write", f"cannot write {path}: {e.strerror or e}")
             return None
         return str(path)

@@ -22,12 +22,25 @@ import time
 from pathlib import Path
 
 from ..core.atomicfile import write_atomic
+from ..exposition.selfmetrics import SelfMetric
+
+RESTARTS = SelfMetric("verl_run_restarts_total")
+RESTARTS_WITHOUT_PROGRESS = SelfMetric("verl_run_restarts_without_progress")
+RESTART_REDONE_STEPS = SelfMetric("verl_run_restart_redone_steps")
+MAX_STEP = SelfMetric("verl_run_max_step")
+TRAINER_RUNNING = SelfMetric("verl_run_trainer_running")
+ETA_SECONDS = SelfMetric("verl_run_eta_seconds")
+NEXT_CHECKPOINT_TIMESTAMP_SECONDS = SelfMetric("verl_run_next_checkpoint_timestamp_seconds")
+PLANNED_STEPS = SelfMetric("verl_run_planned_steps")
+DEADLINE_TIMESTAMP_SECONDS = SelfMetric("verl_run_deadline_timestamp_seconds")
+CHECKPOINTS_TO_KEEP = SelfMetric("verl_run_checkpoints_to_keep")
+STOP_REQUESTED = SelfMetric("verl_run_stop_requested")
 
 log = logging.getLogger(__name__)
 
 STATE_NAME = "progress.json"
-_RESETS = "verl_exporter_source_resets_total"
-_CONTROL = "verl_exporter_control_requests_total"
+_RESETS = SelfMetric("verl_exporter_source_resets_total")
+_CONTROL = SelfMetric("verl_exporter_control_requests_total")
 
 
 class Progress:
@@ -51,10 +64,10 @@ class Progress:
             self._restarted()  # a sidecar started for a new trainer
         self.state["trainer_pid"] = trainer_pid
         self._save()
-        for name, value in (("verl_run_planned_steps", planned_steps), ("verl_run_deadline_timestamp_seconds",
-                            deadline), ("verl_run_checkpoints_to_keep", ckpt_to_keep)):
+        for metric, value in ((PLANNED_STEPS, planned_steps), (DEADLINE_TIMESTAMP_SECONDS, deadline),
+                              (CHECKPOINTS_TO_KEEP, ckpt_to_keep)):
             if value is not None:
-                self._self.set(name, value)
+                self._self.set(metric, value)
         self._export()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="verl-progress", daemon=True)
@@ -79,7 +92,7 @@ class Progress:
             self._self.problem("progress", "write", f"cannot write {self.path}: {e}")
 
     def _resets_seen(self) -> float:
-        snapshot = self._self.snapshot().get(_RESETS, {})
+        snapshot = self._self.snapshot().get(_RESETS.name, {})
         return sum(snapshot.values())
 
     def _stops_accepted(self) -> float:
@@ -120,22 +133,22 @@ class Progress:
 
     def _export(self) -> None:
         s = self.state
-        self._self.set("verl_run_restarts_total", s.get("restarts", 0))
-        self._self.set("verl_run_restarts_without_progress", s.get("restarts_without_progress", 0))
-        self._self.set("verl_run_restart_redone_steps", s.get("redone_steps", 0))
-        self._self.set("verl_run_stop_requested", 1.0 if s.get("stop_requested") else 0.0)
+        self._self.set(RESTARTS, s.get("restarts", 0))
+        self._self.set(RESTARTS_WITHOUT_PROGRESS, s.get("restarts_without_progress", 0))
+        self._self.set(RESTART_REDONE_STEPS, s.get("redone_steps", 0))
+        self._self.set(STOP_REQUESTED, 1.0 if s.get("stop_requested") else 0.0)
         if s.get("max_step") is not None:
-            self._self.set("verl_run_max_step", s["max_step"])
+            self._self.set(MAX_STEP, s["max_step"])
         if self._trainer_pid is not None:
-            self._self.set("verl_run_trainer_running", 1.0 if _exists(self._trainer_pid) else 0.0)
+            self._self.set(TRAINER_RUNNING, 1.0 if _exists(self._trainer_pid) else 0.0)
         step, seconds = self._store.step, self._store.recent_step_seconds()
         if step is None or not seconds:
             return
         if self._planned is not None:
-            self._self.set("verl_run_eta_seconds", max(0.0, self._planned - step) * seconds)
+            self._self.set(ETA_SECONDS, max(0.0, self._planned - step) * seconds)
         if self._save_freq:
             left = self._save_freq - step % self._save_freq
-            self._self.set("verl_run_next_checkpoint_timestamp_seconds", self._clock() + left * seconds)
+            self._self.set(NEXT_CHECKPOINT_TIMESTAMP_SECONDS, self._clock() + left * seconds)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from ..exposition.app import HttpServer, SafeCollector, health_handler, make_app
-from ..exposition.selfmetrics import SelfMetrics
+from ..exposition.selfmetrics import SelfMetric, SelfMetrics
 from ..spec import Spec
 from ..spec.overrides import load_effective_spec
 from .collectors import Context
@@ -24,6 +24,9 @@ from .forensics import Forensics, ForensicsSettings, StallWatch
 from .progress import Progress
 from .sources.verl_file import VerlFileFollower
 from .store import TrainingStore
+
+CONTROL_REQUESTS = SelfMetric("verl_exporter_control_requests_total")
+COLLECTOR_SUCCESS = SelfMetric("verl_exporter_collector_success")
 
 log = logging.getLogger(__name__)
 RECOVERY_WAIT_S = 30.0  # the longest a restarted sidecar waits for its log's recovery before it serves
@@ -75,7 +78,7 @@ class Sidecar:
             if not path:
                 raise ValueError("the control endpoint needs a control file (or a checkpoint directory)")
             self.control = ControlState(path, mode=parse_file_mode(config.control_file_mode))
-            self.self_metrics.inc("verl_exporter_control_requests_total", 0, action="checkpoint", result="accepted")
+            self.self_metrics.inc(CONTROL_REQUESTS, 0, action="checkpoint", result="accepted")
 
     def context(self) -> Context:
         c = self.config
@@ -114,7 +117,7 @@ class Sidecar:
 
     def _health(self, check_trainer: bool) -> tuple[bool, dict[str, Any]]:
         sources: dict[str, dict[str, str]] = {}
-        collectors = {c.name: "ok" if self.self_metrics.value("verl_exporter_collector_success", collector=c.name)
+        collectors = {c.name: "ok" if self.self_metrics.value(COLLECTOR_SUCCESS, collector=c.name)
                       else "failing" for c in self.sampler.collectors}
         if self.follower:
             sources["verl_log"] = {"path": self.follower.path, "state": self.follower.status()}

@@ -18,9 +18,15 @@ from typing import Any
 
 from ..core.detect import Detectors
 from ..exposition.encode import TextRenderer
-from ..exposition.selfmetrics import SelfMetrics, describe
+from ..exposition.selfmetrics import SelfMetric, SelfMetrics, describe
 from ..spec import MetricSpec, Spec
 from .mapper import MAX_KEY_LENGTH, KeyMapper, Resolved, series_cap, unmapped_name
+
+VALUES_REJECTED = SelfMetric("verl_exporter_values_rejected_total")
+LABEL_VALUES_ESCAPED = SelfMetric("verl_exporter_label_values_escaped_total")
+UNMAPPED_VALUES = SelfMetric("verl_exporter_unmapped_values_total")
+SERIES_DROPPED = SelfMetric("verl_exporter_series_dropped_total")
+UNMAPPED_SERIES = SelfMetric("verl_exporter_unmapped_series")
 
 COMPONENT = "store"
 
@@ -140,7 +146,7 @@ class TrainingStore:
                 self._step = valid
                 self._step_time = seen_at
             elif step is not None:
-                self._self.inc("verl_exporter_values_rejected_total", reason="bad_step")
+                self._self.inc(VALUES_REJECTED, reason="bad_step")
         if new_step:
             # Outside the lock (a scrape never waits for it); each signal swaps in a new stats dict at once.
             try:
@@ -176,7 +182,7 @@ class TrainingStore:
         try:
             items = list(flatten(raw, f"{key}/"))
         except Exception:  # a key whose str() raises, a mapping that cannot be iterated
-            self._self.inc("verl_exporter_values_rejected_total", reason="bad_key")
+            self._self.inc(VALUES_REJECTED, reason="bad_key")
             return
         for sub_key, sub_raw in items:
             self._put_raw(sub_key, sub_raw)
@@ -184,13 +190,13 @@ class TrainingStore:
     def _put_raw(self, key: Any, raw: Any) -> None:
         value = as_number(raw)
         if isinstance(value, str):
-            self._self.inc("verl_exporter_values_rejected_total", reason=value)
+            self._self.inc(VALUES_REJECTED, reason=value)
             return
         if type(key) is not str:
             try:
                 key = str(key)
             except Exception:  # Monitor.log() takes any hashable key
-                self._self.inc("verl_exporter_values_rejected_total", reason="bad_key")
+                self._self.inc(VALUES_REJECTED, reason="bad_key")
                 return
         self._put(key, value)
 
@@ -205,16 +211,16 @@ class TrainingStore:
         if resolved is None:
             resolved = self._mapper.resolve(key) if len(key) <= MAX_KEY_LENGTH else "key_too_long"
         if isinstance(resolved, str):
-            self._self.inc("verl_exporter_values_rejected_total", reason=resolved)
+            self._self.inc(VALUES_REJECTED, reason=resolved)
             return
         if resolved is not None and resolved.escaped:
-            self._self.inc("verl_exporter_label_values_escaped_total", reason=resolved.escaped)
+            self._self.inc(LABEL_VALUES_ESCAPED, reason=resolved.escaped)
         if value != value or value in (math.inf, -math.inf):  # NaN or Inf, without a function call
             # Counted before any cap, and under a name that depends on the key alone, so that the count
             # can be rebuilt from the file after a restart (see count_nonfinite).
             self._count_nonfinite(resolved.name if resolved else unmapped_name(key))
         if resolved is None:
-            self._self.inc("verl_exporter_unmapped_values_total")
+            self._self.inc(UNMAPPED_VALUES)
             self._put_unmapped(key, value)
             return
         series = self._series.get(resolved.name)
@@ -222,7 +228,7 @@ class TrainingStore:
             series = self._series[resolved.name] = {}
         labels = resolved.label_values
         if labels not in series and len(series) >= resolved.cap:
-            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+            self._self.inc(SERIES_DROPPED, reason="series_cap")
             return
         series[labels] = value * resolved.scale if resolved.scale != 1.0 else value
 
@@ -230,22 +236,22 @@ class TrainingStore:
         if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_cap:
             self._nonfinite[name] = self._nonfinite.get(name, 0.0) + 1.0
         else:
-            self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+            self._self.inc(SERIES_DROPPED, reason="series_cap")
 
     def _put_unmapped(self, key: str, value: float) -> None:
         name = unmapped_name(key)
         known = self._unmapped.get(name)
         if known is None:
             if len(self._unmapped) >= self._max_unmapped:
-                self._self.inc("verl_exporter_series_dropped_total", reason="unmapped_cap")
+                self._self.inc(SERIES_DROPPED, reason="unmapped_cap")
                 return
         elif known[0] != key:
             # Two keys that sanitise to one name ("a/b" and "a.b"): the first one keeps it.
-            self._self.inc("verl_exporter_series_dropped_total", reason="name_clash")
+            self._self.inc(SERIES_DROPPED, reason="name_clash")
             return
         self._unmapped[name] = (key, value)
         if known is None:  # a new series: the only time the count changes
-            self._self.set("verl_exporter_unmapped_series", len(self._unmapped))
+            self._self.set(UNMAPPED_SERIES, len(self._unmapped))
 
     # ------------------------------------------------------------------ reading
     @property

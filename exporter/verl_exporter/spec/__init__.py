@@ -22,6 +22,8 @@ May import: core.detect (the detectors' statistics) and core.models (the typed-f
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
@@ -589,6 +591,14 @@ class _Part:
         self.origin, self.doc, self.lines = origin, doc, lines
 
 
+@functools.lru_cache(maxsize=32)
+def _parse_packaged(text: str, origin: str) -> tuple[Any, Lines]:
+    """A packaged spec file parsed once per process for the same text: each load_spec() of the packaged spec
+    read and line-tracked every file again, a tenth of a second every time (a sidecar, the relay and the CLI
+    load it several times, the tests a thousand)."""
+    return parse_yaml(text, origin, SpecError)
+
+
 def _read(path: str | Path | None) -> tuple[list[_Part], str]:
     """(the files of a spec, its origin): a file, or a directory's *.yaml in name order."""
     if path is None:
@@ -596,7 +606,8 @@ def _read(path: str | Path | None) -> tuple[list[_Part], str]:
         folder = resources.files(__name__).joinpath(DEFAULT_SPEC)
         for f in sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name):
             name = f"{origin}/{f.name}"
-            parts.append(_Part(name, *parse_yaml(f.read_text(encoding="utf-8"), name, SpecError)))
+            doc, lines = _parse_packaged(f.read_text(encoding="utf-8"), name)
+            parts.append(_Part(name, copy.deepcopy(doc), lines))  # a copy: callers may edit their document
         return parts, origin
     if Path(path).is_dir():
         files = sorted(Path(path).glob("*.yaml"))

@@ -20,9 +20,12 @@ from pathlib import Path
 
 from ..core.httpserver import ListenError
 from ..core.shutdown import GRACE_S, stop_event
+from ..exposition.selfmetrics import SelfMetric
 from ..sidecar.config import ServeConfig
 from ..sidecar.sidecar import Sidecar
 from .replay import Fault, simulate
+
+LINES_PARSED = SelfMetric("verl_exporter_lines_parsed_total")
 
 DEMO_FAULT = Fault("grad_explosion", at=230)
 
@@ -83,7 +86,7 @@ steps {', '.join(map(str, bad_steps)) or '-'}; watch verl_training_nonfinite_val
     time.sleep(max(0.3, 3 * sidecar.config.poll_interval))  # let the follower read the last lines
     store = sidecar.store
     nonfinite = store.nonfinite_counts()
-    parsed = sidecar.self_metrics.value("verl_exporter_lines_parsed_total", source="file")
+    parsed = sidecar.self_metrics.value(LINES_PARSED, source="file")
     out(f"replay finished: {parsed:g} lines parsed, latest step {store.step or 0:g}, NaN/Inf values counted: "
         + (", ".join(f"{name}={count:g}" for name, count in sorted(nonfinite.items())) or "none"))
     if not exit_after_replay and not done.is_set():

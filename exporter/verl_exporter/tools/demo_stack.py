@@ -41,6 +41,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -405,14 +406,20 @@ class FullDemo:
         return status
 
     def start(self) -> None:
-        from .. import render
-        from ..core.httpserver import ListenError
-        from ..relay.app import Relay
-        from ..relay.config import parse_config
-        from ..relay.metrics import RelayMetrics
-        from ..relay.senders import ConsoleSender
-        from ..sidecar.config import ServeConfig
-        from ..sidecar.sidecar import Sidecar
+        self._load_run()
+        token = secrets.token_hex(16)  # the sidecar's control token, given to the relay's actions
+        self._start_sidecar(token)
+        self._start_relay(token)
+        self._generate_pack()
+        self._start_servers()
+        self._introduce()
+        self._thread(self._watch, "verl-demo-watch")
+        self._thread(self._arm, "verl-demo-arm")
+        if not self.hang:  # a hung run has no end for the replay engine to judge
+            self._thread(self._run_backtest, "verl-demo-backtest")
+
+    def _load_run(self) -> None:
+        """The demo run's lines and what the compression of time derives from them; the work folder."""
         from ..spec import load_spec
 
         self.spec = load_spec()
@@ -425,16 +432,20 @@ class FullDemo:
         self.log_path = work / "demo_run.jsonl"
         self.ckpt = work / "checkpoints"
         self.ckpt.mkdir()
-        hang = {}
+        self.sidecar_hang: dict[str, Any] = {}  # --hang: the sidecar watches the trainer process, forensics on
         if self.hang:
             self.spec = compress_stalls(self.spec, self.factor)
             self._start_trainer()
-            hang = {"trainer_pid": self.trainer.pid, "forensics_dir": str(work / "forensics")}
+            self.sidecar_hang = {"trainer_pid": self.trainer.pid, "forensics_dir": str(work / "forensics")}
 
-        # the sidecar, with its control endpoint on (the relay's actions call it)
-        token = secrets.token_hex(16)
+    def _start_sidecar(self, token: str) -> None:
+        """The sidecar, with its control endpoint on (the relay's actions call it)."""
+        from ..core.httpserver import ListenError
+        from ..sidecar.config import ServeConfig
+        from ..sidecar.sidecar import Sidecar
+
         self.sidecar = Sidecar(ServeConfig(listen=self.listen, run="demo", rank=0, verl_log=str(self.log_path),
-                                           checkpoint_dir=str(self.ckpt), **hang), spec=self.spec,
+                                           checkpoint_dir=str(self.ckpt), **self.sidecar_hang), spec=self.spec,
                                control_token=token)
         try:
             self.sidecar.start()
@@ -443,8 +454,14 @@ class FullDemo:
         self.sidecar_url = self.sidecar.server.url
         self.control_file = self.sidecar.control.path
 
-        # the relay: console targets that format exactly as the robot does (critical alerts to the on-call
-        # group, the rest to the team's), and the automated response
+    def _start_relay(self, token: str) -> None:
+        """The relay: console targets that format exactly as the robot does (critical alerts to the on-call
+        group, the rest to the team's), and the automated response."""
+        from ..relay.app import Relay
+        from ..relay.config import parse_config
+        from ..relay.metrics import RelayMetrics
+        from ..relay.senders import ConsoleSender
+
         style = {"type": "console", "style": self.robot, "color": "always" if self.color else "never"}
         relay_config = parse_config({
             "listen": "127.0.0.1:0",
@@ -466,7 +483,11 @@ class FullDemo:
         self.relay.app.on_webhook = self._webhook
         self.relay.start()
 
-        # the pack, generated as `verl-exporter generate --relay-url <the relay>` writes it
+    def _generate_pack(self) -> None:
+        """The pack, generated as `verl-exporter generate --relay-url <the relay>` writes it, its times compressed."""
+        from .. import render
+
+        work = self.workdir
         pack = self.pack = work / "pack"
         spec = self.spec.model_copy(update={"rules": self.spec.rules.model_copy(update={"relay_url": self.relay.url})})
         render.generate(spec, pack)
@@ -479,7 +500,9 @@ class FullDemo:
         self.grouping = compress_grouping(am_config, self.factor)
         (work / "alertmanager.yml").write_text(yaml.safe_dump(am_config, sort_keys=False))
 
-        # a real Alertmanager and a real Prometheus (the alert rules come once it has scraped the sidecar)
+    def _start_servers(self) -> None:
+        """A real Alertmanager and a real Prometheus (the alert rules come once it has scraped the sidecar)."""
+        work = self.workdir
         aport, pport = free_port(), free_port()
         self.am_url, self.prom_url = f"http://127.0.0.1:{aport}", f"http://127.0.0.1:{pport}"
         self.am = Program("Alertmanager", [
@@ -499,6 +522,9 @@ class FullDemo:
         self.prom_alerts = first_page(self.prom_url, "/alerts", "/classic/alerts")
         self.prom_graph = first_page(self.prom_url, "/graph", "/classic/graph", "/query")
 
+    def _introduce(self) -> None:
+        """What runs where, and how the demo's time is compressed."""
+        pack = self.pack
         robot = _robot_name(self.robot)
         grouping = ", ".join(f"{k} {a} → {b}" for k, (a, b) in self.grouping.items())
         if self.hang:
@@ -530,10 +556,6 @@ verl-exporter demo: the whole alert path on this machine, on loopback; everythin
             "messages are the generated ones.", self.width)))
         self.say("Waiting for Prometheus' first scrape of the sidecar (its service discovery starts after about "
                  "5 s) ...\n")
-        self._thread(self._watch, "verl-demo-watch")
-        self._thread(self._arm, "verl-demo-arm")
-        if not self.hang:  # a hung run has no end for the replay engine to judge
-            self._thread(self._run_backtest, "verl-demo-backtest")
 
     def _start_trainer(self) -> None:
         """--hang: the trainer as a process of its own (py-spy cannot read the demo's own stacks); RANK as a

@@ -25,10 +25,16 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ..exposition.selfmetrics import SelfMetrics, describe
+from ..exposition.selfmetrics import SelfMetric, SelfMetrics, describe
 from ..sidecar.config import ServeConfig
 from ..sidecar.control import ControlReader
 from ..sidecar.store import MAX_DEPTH
+
+LINES_PARSED = SelfMetric("verl_exporter_lines_parsed_total")
+CONTROL_REQUESTS = SelfMetric("verl_exporter_control_requests_total")
+BREAKER_ANOMALIES = SelfMetric("verl_exporter_breaker_anomalies_total")
+BREAKER_TRIPS = SelfMetric("verl_exporter_breaker_trips_total")
+MONITOR_DROPPED = SelfMetric("verl_exporter_monitor_dropped_total")
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +139,7 @@ class Monitor:
             if torch_memory:
                 self._torch_collector(memory=True)
             self._self: SelfMetrics = self._sidecar.self_metrics
-            self._self.inc("verl_exporter_lines_parsed_total", 0, source=SOURCE)
+            self._self.inc(LINES_PARSED, 0, source=SOURCE)
             self._sidecar.start()
         if breaker is True:
             from .breaker import CircuitBreaker
@@ -185,7 +191,7 @@ class Monitor:
                 self._stop_requested = True
             self.control_reason = reason
         if self._sidecar:
-            self._self.inc("verl_exporter_control_requests_total", action=action, result="delivered")
+            self._self.inc(CONTROL_REQUESTS, action=action, result="delivered")
         if self._on_control:
             try:
                 self._on_control(action, reason)
@@ -285,7 +291,7 @@ class Monitor:
         try:
             if self._sidecar:
                 self._sidecar.store.ingest(step, data, seen_at)
-                self._self.inc("verl_exporter_lines_parsed_total", source=SOURCE)
+                self._self.inc(LINES_PARSED, source=SOURCE)
             else:
                 self._write_line(step, data)
         except Exception as e:
@@ -296,14 +302,14 @@ class Monitor:
         anomalies, trip = self.breaker.observe(step, data, seen_at)
         if self._sidecar:
             for a in anomalies:
-                self._self.inc("verl_exporter_breaker_anomalies_total", alert=a.alert)
+                self._self.inc(BREAKER_ANOMALIES, alert=a.alert)
         self._on_trip(trip)
 
     def _on_trip(self, trip) -> None:
         if trip is None:
             return
         if self._sidecar:
-            self._self.inc("verl_exporter_breaker_trips_total")
+            self._self.inc(BREAKER_TRIPS)
         reason = f"circuit breaker tripped at step {trip.step}: {trip.alert} (holding: " + ", ".join(
             f"{a.alert} {a.value:.4g}" if a.value is not None else a.alert for a in trip.anomalies) + ")"
         log.error("verl-exporter: %s; report: %s", reason, trip.report_path or "(no report_dir)")
@@ -313,7 +319,7 @@ class Monitor:
     def _publish_drops(self) -> None:
         dropped = self._dropped
         if self._sidecar and dropped != self._dropped_published:
-            self._self.inc("verl_exporter_monitor_dropped_total", dropped - self._dropped_published)
+            self._self.inc(MONITOR_DROPPED, dropped - self._dropped_published)
             self._dropped_published = dropped
 
     def _write_line(self, step, data) -> None:

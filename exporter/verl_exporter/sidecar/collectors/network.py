@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 
+from ...exposition.selfmetrics import SelfMetric
 from .base import Collector, Sample, register
+
+SERIES_DROPPED = SelfMetric("verl_exporter_series_dropped_total")
 
 # veth* (container pairs), cali* (Calico), flannel* (flannel.1), cni* (cni0), docker* (docker0), br-* (compose
 # bridges): one or more per pod or network, so they would swamp the cap and tell nothing about training.
@@ -63,5 +66,5 @@ class NetworkCollector(Collector):
                 for metric, column in _METRICS:
                     out.append((metric, labels, columns[base + column]))
         if dropped:
-            self.ctx.self_metrics.inc("verl_exporter_series_dropped_total", dropped, reason="series_cap")
+            self.ctx.self_metrics.inc(SERIES_DROPPED, dropped, reason="series_cap")
         return out

@@ -14,13 +14,18 @@ import time
 from collections.abc import Iterable
 
 from ...exposition.encode import TextRenderer
-from ...exposition.selfmetrics import SelfMetrics, describe
+from ...exposition.selfmetrics import SelfMetric, SelfMetrics, describe
 from ...spec import MetricSpec, Spec
 from ..mapper import series_cap
 from .base import Collector, Context, Sample
 
 # {metric: {label values: value}}: a collector's samples grouped for the scrape
 Rows = dict[str, dict[tuple[str, ...], float]]
+
+COLLECTOR_DURATION_SECONDS = SelfMetric("verl_exporter_collector_duration_seconds")
+COLLECTOR_SUCCESS = SelfMetric("verl_exporter_collector_success")
+COLLECTOR_LAST_SUCCESS_TIMESTAMP_SECONDS = SelfMetric("verl_exporter_collector_last_success_timestamp_seconds")
+SERIES_DROPPED = SelfMetric("verl_exporter_series_dropped_total")
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +112,11 @@ class Sampler:
         except Exception as e:
             self._self.problem(c.name, "sample", f"sample failed: {e!r}")
             ok = False
-        self._self.set("verl_exporter_collector_duration_seconds", time.perf_counter() - started,
+        self._self.set(COLLECTOR_DURATION_SECONDS, time.perf_counter() - started,
                        collector=c.name)
-        self._self.set("verl_exporter_collector_success", 1 if ok else 0, collector=c.name)
+        self._self.set(COLLECTOR_SUCCESS, 1 if ok else 0, collector=c.name)
         if ok:
-            self._self.set("verl_exporter_collector_last_success_timestamp_seconds", time.time(),
+            self._self.set(COLLECTOR_LAST_SUCCESS_TIMESTAMP_SECONDS, time.time(),
                            collector=c.name)
         return ok
 
@@ -152,7 +157,7 @@ class Sampler:
                     if key in series or len(series) < cap:
                         series[key] = value
                     elif count:
-                        self._self.inc("verl_exporter_series_dropped_total", reason="series_cap")
+                        self._self.inc(SERIES_DROPPED, reason="series_cap")
         return by_metric
 
     # ------------------------------------------------------------------ scrape side

@@ -32,8 +32,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from ...exposition.selfmetrics import SelfMetrics
+from ...exposition.selfmetrics import SelfMetric, SelfMetrics
 from ..store import TrainingStore
+
+SOURCE_UP = SelfMetric("verl_exporter_source_up")
+LINES_PARSED = SelfMetric("verl_exporter_lines_parsed_total")
+SOURCE_RESETS = SelfMetric("verl_exporter_source_resets_total")
+LINES_REJECTED = SelfMetric("verl_exporter_lines_rejected_total")
 
 SOURCE = "file"
 COMPONENT = "verl_file"
@@ -174,8 +179,8 @@ class VerlFileFollower:
         # Set once the first poll is done: a restarted sidecar has then recovered the latest values and the
         # NaN count, and may serve (serving before would show a NaN counter that went back to nothing).
         self.recovered = threading.Event()
-        self._self.set("verl_exporter_source_up", 1, source=SOURCE)
-        self._self.inc("verl_exporter_lines_parsed_total", 0, source=SOURCE)
+        self._self.set(SOURCE_UP, 1, source=SOURCE)
+        self._self.inc(LINES_PARSED, 0, source=SOURCE)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> VerlFileFollower:
@@ -204,12 +209,12 @@ class VerlFileFollower:
 
     def _fail(self, kind: str, message: str) -> None:
         self._state = f"error: {message}"
-        self._self.set("verl_exporter_source_up", 0, source=SOURCE)
+        self._self.set(SOURCE_UP, 0, source=SOURCE)
         self._self.problem(COMPONENT, kind, message)
 
     def _ok(self, state: str = "ok") -> None:
         self._state = state
-        self._self.set("verl_exporter_source_up", 1, source=SOURCE)
+        self._self.set(SOURCE_UP, 1, source=SOURCE)
 
     # ------------------------------------------------------------------ one poll
     def poll(self) -> None:
@@ -343,7 +348,7 @@ class VerlFileFollower:
                     self._store.count_nonfinite(obj["data"])
 
     def _reset(self, reason: str) -> None:
-        self._self.inc("verl_exporter_source_resets_total", reason=reason)
+        self._self.inc(SOURCE_RESETS, reason=reason)
         self._store.reset_nonfinite()
         self._offset = 0
         self._mark = b""
@@ -386,10 +391,10 @@ class VerlFileFollower:
         if bug:
             self._reject(Rejected("unexpected", "could not ingest it (see the error logged)"))
             return
-        self._self.inc("verl_exporter_lines_parsed_total", source=SOURCE)
+        self._self.inc(LINES_PARSED, source=SOURCE)
 
     def _reject(self, rejected: Rejected) -> None:
         """Count a bad line and log one line about it (never its content: it may hold anything)."""
-        self._self.inc("verl_exporter_lines_rejected_total", source=SOURCE, reason=rejected.reason)
+        self._self.inc(LINES_REJECTED, source=SOURCE, reason=rejected.reason)
         self._self.problem(COMPONENT, rejected.reason,
                            f"rejected a line of {self.path}: {rejected.reason}: {rejected.detail}", count=False)
