@@ -20,7 +20,7 @@ PINNED = {
         "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
         "sglang:cache_hit_rate", "sglang:num_retracted_requests_total", "sglang:generation_tokens_total",
         "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
-        "sglang:e2e_request_latency_seconds")),
+        "sglang:request_time_per_output_token_seconds", "sglang:e2e_request_latency_seconds")),
 }
 # vLLM's default buckets live in their own module; SGLang's are literals in the collector.
 VLLM_BUCKETS = "vllm/v1/metrics/buckets.py"
