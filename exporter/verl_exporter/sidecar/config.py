@@ -12,13 +12,13 @@ import os
 import re
 import types
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from ..core.models import FileError, StrictModel, json_schema, read_yaml, validate, where
 from ..exposition.app import parse_listen
-from ..spec import LABEL_NAME_RE, RESERVED_LABELS
+from ..spec import LABEL_NAME_RE, RESERVED_LABELS, SCRAPED_FROM
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
 from .control import parse_file_mode
 from .forensics import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, DEFAULT_TIMEOUT_S
@@ -129,6 +129,13 @@ class ServeConfig(StrictModel):
         json_schema_extra={"x-group": LIVENESS, "x-metavar": "DIR"})
     advertise: str | None = Field(None, description="host name Prometheus should scrape (default this host's FQDN)",
         json_schema_extra={"x-group": LIVENESS, "x-metavar": "HOST"})
+    engines_from: str | None = Field(None, description="the prometheus.yml verl writes for its rollout servers "
+                                                       "(Ray's session): keep --file-sd DIR/rollout-<run>.json "
+                                                       "listing them", json_schema_extra={"x-group": LIVENESS,
+                                                                                          "x-metavar": "PATH"})
+    rollout_engine: Literal[SCRAPED_FROM] = Field("vllm", description="those servers' engine (verl's "
+                                                                      "actor_rollout_ref.rollout.name)",
+        json_schema_extra={"x-group": LIVENESS, "x-metavar": "|".join(SCRAPED_FROM)})
     hang_factor: float = Field(0.0, ge=0, le=1000, description="/healthz fails when no step came for this many "
                                                                "times the recent step time; 0 = off",
         json_schema_extra={"x-metavar": "K", "x-group": LIVENESS})
@@ -222,6 +229,8 @@ class ServeConfig(StrictModel):
             return self
         if (self.control_token_env or self.control_token_file) and not (self.control_file or self.checkpoint_dir):
             raise ValueError("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
+        if self.engines_from and not (self.file_sd and self.run):
+            raise ValueError("--engines-from needs --file-sd (where the entry goes) and --run (its label)")
         return self
 
     def const_labels(self, target_labels: tuple[str, ...] = ("run", "rank")) -> dict[str, str]:
