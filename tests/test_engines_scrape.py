@@ -207,3 +207,52 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
         prom.wait(timeout=30)
         for server in servers.values():
             server.shutdown()
+
+
+def test_the_rl_insight_example_gives_rl_insights_engine_targets_the_labels_the_alerts_need(tmp_path):
+    """docker/prometheus/rl-insight.yml: promtool accepts it, and its `vllm` job, fed a file_sd entry as
+    RL-Insight writes them (labels rl_insight_job, project, experiment_name), gives a served vLLM endpoint the
+    labels run and rollout_engine."""
+    if not shutil.which("prometheus"):
+        pytest.skip("prometheus is not installed")
+    text = (REPO / "docker/prometheus/rl-insight.yml").read_text().replace("/etc/prometheus/", "")
+    (tmp_path / "prometheus.yml").write_text(text)
+    shutil.copytree(REPO / "rules", tmp_path / "rules")
+    run = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    registry, metrics = _registry("vllm")
+    metrics["vllm:kv_cache_usage_perc"].set(0.99)
+    server = _serve(registry)
+    target = f"127.0.0.1:{server.server_address[1]}"
+    (tmp_path / "targets.yml").write_text(yaml.safe_dump([{"targets": [target], "labels": {
+        "rl_insight_job": "vllm", "project": "p", "experiment_name": "exp1"}}]))
+    config = yaml.safe_load(text)
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm")
+    # what `rl-insight server start` makes of it: the targets from its file_sd, job from rl_insight_job
+    job.pop("static_configs")
+    job["file_sd_configs"] = [{"files": [str(tmp_path / "targets.yml")], "refresh_interval": "1s"}]
+    job["relabel_configs"] = [{"source_labels": ["rl_insight_job"], "target_label": "job"},
+                              {"regex": "rl_insight_job", "action": "labeldrop"}, *job["relabel_configs"]]
+    job.update(scrape_interval="1s", scrape_timeout="1s")
+    config["scrape_configs"], config["rule_files"] = [job], []
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, found = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not found:
+            time.sleep(1)
+            try:
+                found = _query(port, 'max by (job, run, instance) (vllm:kv_cache_usage_perc) > 0.95')
+            except OSError:  # not listening yet
+                assert prom.poll() is None, prom.stderr.read().decode()[-2000:]
+        assert [r["metric"] for r in found] == [{"job": "vllm", "run": "exp1", "instance": target}]
+        up = _query(port, 'up{rollout_engine=~"vllm|sglang"}')
+        assert [(r["metric"]["run"], r["metric"]["project"], r["value"][1]) for r in up] == [("exp1", "p", "1")]
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        server.shutdown()

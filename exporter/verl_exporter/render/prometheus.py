@@ -15,5 +15,6 @@ from .templating import render
 def render_prometheus(spec: Spec) -> dict[str, str]:
     job = equality_matchers(spec.rules.selector).get("job", "verl")
     rule_files = [f"/etc/prometheus/{RECORDING_FILE}", f"/etc/prometheus/{ALERTS_FILE}"]
-    return {"docker/prometheus/prometheus.yml": render(
-        "prometheus.yml.j2", job=job, rule_files=rule_files, evaluation_interval=spec.rules.evaluation_interval)}
+    values = {"job": job, "rule_files": rule_files, "evaluation_interval": spec.rules.evaluation_interval}
+    return {"docker/prometheus/prometheus.yml": render("prometheus.yml.j2", **values),
+            "docker/prometheus/rl-insight.yml": render("rl_insight.yml.j2", **values)}
