@@ -20,9 +20,10 @@ PINNED = {
         "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
         "sglang:cache_hit_rate", "sglang:num_retracted_requests_total", "sglang:generation_tokens_total",
         "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
-        "sglang:e2e_request_latency_seconds")),
+        "sglang:request_time_per_output_token_seconds", "sglang:e2e_request_latency_seconds")),
 }
-# vLLM's default buckets live in their own module; SGLang's are literals in the collector.
+# vLLM's default buckets live in their own module; SGLang's are literals in the collector
+# (`if bucket_x is None: bucket_x = [...]`).
 VLLM_BUCKETS = "vllm/v1/metrics/buckets.py"
 TYPES = {"Gauge": "gauge", "Counter": "counter", "Histogram": "histogram"}
 
@@ -63,6 +64,17 @@ def bucket_constants(source: str) -> dict[str, list[float]]:
     return out
 
 
+def default_buckets(source: str) -> dict[str, list[float]]:
+    """SGLang's default bucket lists: each literal list assigned to a name bucket_* (its histograms' buckets=)."""
+    out = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List):
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id.startswith("bucket_"):
+                out[target.id] = [float(x) for x in ast.literal_eval(node.value)]
+    return out
+
+
 def derive(read) -> dict:
     """The extract for every pinned package; ``read(package, path)`` returns a source file's text."""
     out = {}
@@ -72,5 +84,7 @@ def derive(read) -> dict:
             entry["labelnames_source"] = [line for line in read(pkg, path).splitlines()
                                           if line.strip().startswith("labelnames = [")]
             entry["buckets"] = {"path": VLLM_BUCKETS, "families": bucket_constants(read(pkg, VLLM_BUCKETS))}
+        else:
+            entry["buckets"] = {"path": path, "families": default_buckets(read(pkg, path))}
         out[pkg] = entry
     return out

@@ -426,8 +426,15 @@ local alerts = [
     group: "verl-exporter.cross-layer",
     alert: "VerlRolloutTTFTSpike",
     labels: {"team": "training"},
-    knobs: {},
-    texts(v, t):: { expr: "(histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[5m]) or rate(sglang:time_to_first_token_seconds_bucket[5m]))) > 3 * histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[1h] offset 30m) or rate(sglang:time_to_first_token_seconds_bucket[1h] offset 30m)))) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "A rollout engine's p99 time to first token tripled against its own level of the hour before.", description: "p99 time to first token at the rollout engine {{ $labels.instance }} of run {{ $labels.run }} is {{ $value | printf \"%.2f\" }} s, over 3 times its level in the hour that ended 30 minutes ago.", runbook_url: v["runbook_url"] + "#verlrolloutttftspike" },
+    knobs: {"factor": 3.0},
+    texts(v, t):: { expr: "(histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[5m]) or rate(sglang:time_to_first_token_seconds_bucket[5m]))) > " + v["knob.factor"] + " * histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:time_to_first_token_seconds_bucket[1h] offset 30m) or rate(sglang:time_to_first_token_seconds_bucket[1h] offset 30m)))) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "A rollout engine's p99 time to first token tripled against its own level of the hour before.", description: "p99 time to first token at the rollout engine {{ $labels.instance }} of run {{ $labels.run }} is {{ $value | printf \"%.2f\" }} s, over " + v["knob.factor"] + " times its level in the hour that ended 30 minutes ago.", runbook_url: v["runbook_url"] + "#verlrolloutttftspike" },
+  },
+  {
+    group: "verl-exporter.cross-layer",
+    alert: "VerlRolloutTPOTSpike",
+    labels: {"team": "training"},
+    knobs: {"factor": 3.0},
+    texts(v, t):: { expr: "(histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:request_time_per_output_token_seconds_bucket[5m]) or rate(sglang:request_time_per_output_token_seconds_bucket[5m]))) > " + v["knob.factor"] + " * histogram_quantile(0.99, sum by (run, instance, le) (rate(vllm:request_time_per_output_token_seconds_bucket[1h] offset 30m) or rate(sglang:request_time_per_output_token_seconds_bucket[1h] offset 30m)))) * on (run) group_left (job) (max by (job, run) (verl_training_step{" + v["selector"] + "}) * 0 + 1)", summary: "A rollout engine's p99 time per output token tripled against its own level of the hour before.", description: "p99 time per output token at the rollout engine {{ $labels.instance }} of run {{ $labels.run }} is {{ $value | printf \"%.3f\" }} s, over " + v["knob.factor"] + " times its level in the hour that ended 30 minutes ago.", runbook_url: v["runbook_url"] + "#verlrollouttpotspike" },
   },
   {
     group: "verl-exporter.cross-layer",

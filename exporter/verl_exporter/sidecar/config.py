@@ -22,7 +22,7 @@ from pydantic_core import ErrorDetails
 
 from ..core.models import FileError, KeyPath, StrictModel, json_schema, read_yaml, validate, where
 from ..exposition.app import parse_listen
-from ..spec import LABEL_NAME_RE, RESERVED_LABELS
+from ..spec import LABEL_NAME_RE, RESERVED_LABELS, SCRAPED_FROM, Engine
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
 from .control import parse_file_mode
 from .forensics import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES, DEFAULT_TIMEOUT_S
@@ -133,6 +133,13 @@ class ServeConfig(StrictModel):
         json_schema_extra={"x-group": LIVENESS, "x-metavar": "DIR"})
     advertise: str | None = Field(None, description="host name Prometheus should scrape (default this host's FQDN)",
         json_schema_extra={"x-group": LIVENESS, "x-metavar": "HOST"})
+    engines_from: str | None = Field(None, description="the prometheus.yml verl writes for its rollout servers "
+                                                       "(Ray's session): keep --file-sd DIR/rollout-<run>.json "
+                                                       "listing them", json_schema_extra={"x-group": LIVENESS,
+                                                                                          "x-metavar": "PATH"})
+    rollout_engine: Engine = Field("vllm", description="those servers' engine (verl's "
+                                                                      "actor_rollout_ref.rollout.name)",
+        json_schema_extra={"x-group": LIVENESS, "x-metavar": "|".join(SCRAPED_FROM)})
     hang_factor: float = Field(0.0, ge=0, le=1000, description="/healthz fails when no step came for this many "
                                                                "times the recent step time; 0 = off",
         json_schema_extra={"x-metavar": "K", "x-group": LIVENESS})
@@ -226,6 +233,8 @@ class ServeConfig(StrictModel):
             return self
         if (self.control_token_env or self.control_token_file) and not (self.control_file or self.checkpoint_dir):
             raise ValueError("the control endpoint needs --control-file or --checkpoint-dir (where the file goes)")
+        if self.engines_from and not (self.file_sd and self.run):
+            raise ValueError("--engines-from needs --file-sd (where the entry goes) and --run (its label)")
         return self
 
     def const_labels(self, target_labels: Collection[str] = ("run", "rank")) -> dict[str, str]:

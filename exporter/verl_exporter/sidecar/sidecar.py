@@ -19,6 +19,7 @@ from .collectors import Context
 from .collectors.sampler import Sampler, build_collectors
 from .config import ServeConfig
 from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
+from .engines_sd import EnginesSd
 from .file_sd import FileSdRegistration, advertise_host
 from .forensics import Forensics, ForensicsSettings, StallWatch
 from .progress import Progress
@@ -70,6 +71,7 @@ class Sidecar:
                                      c.save_freq, c.deadline, c.max_ckpt_to_keep)
         self.server: HttpServer | None = None
         self.file_sd: FileSdRegistration | None = None
+        self.engines_sd: EnginesSd | None = None
         self.control: ControlState | None = None
         # A Monitor passes its token directly; the CLI's sidecar reads it from env or file.
         self._control_token = control_token or read_token(config.control_token_env, config.control_token_file)
@@ -148,6 +150,10 @@ class Sidecar:
                                               self.server.port)
             self.file_sd.start(on_error=lambda e: self.self_metrics.problem(
                 "file_sd", "write", f"cannot write {self.file_sd.path}: {e}"))
+        c = self.config
+        if c.engines_from and c.file_sd and c.run:  # the config requires --file-sd and --run with it
+            self.engines_sd = EnginesSd(c.engines_from, c.file_sd, c.run, c.rollout_engine,
+                                        self.self_metrics.problem).start()
         if self.follower:
             # Recover from the file before serving: a scrape of a restarted sidecar must not see the NaN
             # counter back at nothing (a reset to Prometheus) or the training series missing for a moment.
@@ -176,6 +182,8 @@ class Sidecar:
             self.stall_watch.stop()
         if self.progress:
             self.progress.stop()
+        if self.engines_sd:
+            self.engines_sd.stop()
         if self.file_sd:
             self.file_sd.stop()
         if self.follower:
