@@ -69,6 +69,17 @@ def test_level_peak_and_floor_follow_the_running_median():
     assert stats[-1]["floor_level"] == 0.5 and stats[-1]["level"] == 0.5
 
 
+def test_a_few_dips_do_not_set_the_trailing_floor():
+    """A GRPO run's gradient norm falls near 0 on the odd step whose every answer scored alike (advantage 0): a few
+    such dips in the running level must not make the ordinary level read as many times the floor (a healthy
+    public run raised VerlGradNormGrowing 10 times while the floor was the plain lowest level)."""
+    det = SignalDetector(SignalSpec("g", "m", level_steps=1, trail=100))
+    values = [0.005 if i % 20 == 7 else 0.05 for i in range(120)]  # 6 dips in 120 steps, 5 within the trail
+    last = feed(det, values)[-1]
+    assert last["level"] / last["trailing_floor"] < 1.5
+    assert last["floor_level"] == 0.005  # the lowest since the start is still the lowest
+
+
 def test_trailing_extremes_follow_a_long_runs_slow_drift():
     """Issue 24: a gradient norm that triples over 600 steps (a healthy long run) stays within 1.25x of its lowest
     level of the last 100 steps, though it is 3x its lowest level of the run; a tripling within 20 steps is not."""

@@ -13,7 +13,7 @@ compares its value with the window of the steps before it:
              so one odd batch is never an anomaly
   spike_ratio  the largest value / window_max of the last `hold` steps (a jump stays visible for hold steps)
   level      median of the last few steps; peak_level / floor_level: its highest and lowest since the start;
-             trailing_peak / trailing_floor: its highest and lowest over the last `trail` steps, a baseline
+             trailing_peak / trailing_floor: its highest and its 10th percentile over the last `trail` steps, a baseline
              that follows the slow drift of a long run (a healthy run's gradient norm, entropy and score move
              with the answer length and the learning-rate schedule over hundreds of steps)
   held_min / held_max  the lowest / highest of the last `hold` steps: a level held for that many steps, the
@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any, Literal, Protocol, get_args
@@ -124,6 +124,19 @@ class _Seen:
     floor: float | None
     level: float | None  # the running level, when it counted towards the extremes
     stats: dict[str, float]
+
+
+# trailing_floor: the 10th percentile of the running levels of the last `trail` steps, a robust lowest. A few
+# batches whose every answer scored alike (advantage 0, gradient norm near 0) pull a median of 5 down for a step
+# or two, and the plain lowest made an ordinary level read as 3-13x it (a healthy public GRPO run: 10 false
+# VerlGradNormGrowing starts). trailing_peak stays the highest: its 90th percentile warned a slow decline 18
+# steps later, and no healthy run's score showed such outliers.
+TRAIL_QUANTILE = 0.1
+
+
+def _trailing(levels: Iterable[float], q: float) -> float:
+    ordered = sorted(levels)
+    return ordered[round(q * (len(ordered) - 1))]
 
 
 @dataclass(frozen=True)
@@ -275,7 +288,8 @@ class SignalDetector:
                 counted = level
                 self.levels.append(level)
                 stats.update(peak_level=self.peak, floor_level=self.floor_level,
-                             trailing_peak=max(self.levels), trailing_floor=min(self.levels))
+                             trailing_peak=max(self.levels),
+                             trailing_floor=_trailing(self.levels, TRAIL_QUANTILE))
         stats["steps"] = float(len(self.values))
         self.stats = stats
         self._seen.append(_Seen(step, x, z, spike, self.peak, self.floor_level, counted, stats))
