@@ -10,6 +10,7 @@ alerts' selections find them, and that every engine recording and panel has data
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import re
@@ -20,6 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,35 @@ def _query(port: int, expr: str) -> list[dict]:
         return json.load(r)["data"]["result"]
 
 
+@contextlib.contextmanager
+def _prometheus(tmp_path, config: dict) -> Iterator[tuple[subprocess.Popen, int]]:
+    """A real Prometheus with this config on a free port, stopped at the end."""
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield prom, port
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+
+
+def _first_answer(prom: subprocess.Popen, port: int, expr: str, timeout: float = 60) -> list[dict]:
+    """The query's first non-empty answer within the timeout ([] if none), waiting for Prometheus to listen."""
+    deadline, found = time.monotonic() + timeout, []
+    while time.monotonic() < deadline and not found:
+        time.sleep(1)
+        try:
+            found = _query(port, expr)
+        except urllib.error.HTTPError:
+            raise
+        except OSError:  # not listening yet
+            assert prom.poll() is None, prom.stderr.read().decode()[-2000:]
+    return found
+
+
 def _verl_prometheus_yml(port: int) -> str:
     """The prometheus.yml verl writes (verl/workers/rollout/utils.py update_prometheus_config)."""
     servers = {"job_name": "rollout", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
@@ -156,57 +187,50 @@ def test_prometheus_scrapes_the_engines_verl_registers_with_the_run_label(tmp_pa
     engines["file_sd_configs"][0]["files"] = [str(tmp_path / "file_sd/rollout-*.json")]
     engines["file_sd_configs"][0]["refresh_interval"] = "1s"
     config["scrape_configs"] = [engines]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        assert sm.value("verl_exporter_source_errors_total", component="engines_sd") == 1
-        (tmp_path / "vllm/prometheus.yml").write_text(_verl_prometheus_yml(ports["vllm"]))
-        deadline, found = time.monotonic() + 60, []
-        while time.monotonic() < deadline and not found:
-            time.sleep(1)
-            try:
-                found = _query(port, 'max by (run, instance) (vllm:kv_cache_usage_perc or sglang:token_usage) > 0.95')
-            except urllib.error.HTTPError:
-                raise
-            except OSError:  # not listening yet
-                assert prom.poll() is None, prom.stderr.read().decode()[-2000:]
-        assert [r["metric"] for r in found] == [{"run": "r1", "instance": f"127.0.0.1:{ports['vllm']}"}]
-        deadline, up = time.monotonic() + 30, []
-        while time.monotonic() < deadline and len(up) < 2:
-            time.sleep(1)
-            up = _query(port, 'up{rollout_engine=~"vllm|sglang"}')
-        assert sorted((r["metric"]["run"], r["metric"]["rollout_engine"], r["value"][1]) for r in up) == [
-            ("r1", "vllm", "1"), ("r2", "sglang", "1")]
-        for pkg, run in runs.items():
-            buckets = _query(port, f'count({pkg}:time_to_first_token_seconds_bucket{{run="{run}"}})')
-            family = "TIME_TO_FIRST_TOKEN_BUCKETS" if pkg == "vllm" else "bucket_time_to_first_token"
-            assert int(buckets[0]["value"][1]) == len(EXTRACT[pkg]["buckets"]["families"][family]) + 1  # and +Inf
-            assert "application/openmetrics-text" in servers[pkg].formats  # the escaping case was the one scraped
-        assert _query(port, 'count({__name__=~"(vllm|sglang)_.+"})') == []  # no name left without its colon
-        # every engine recording and every panel of the engines dashboard
-        recorded = [r.record for r in all_recordings(load_spec()) if r.group == ENGINE_GROUP]
-        dashboard = json.loads((REPO / f"dashboards/verl-{ENGINES}.json").read_text())
-        variables = {f"${v['name']}": v["allValue"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
-        panels = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
-        assert any(":sglang_" in r for r in recorded) and any("sglang:" in p for p in panels)
-        deadline, empty = time.monotonic() + 30, ["?"]
-        while time.monotonic() < deadline and empty:
-            time.sleep(1)
-            empty = [n for n in recorded if not _query(port, n)]
-            for expr in panels:
-                runnable = re.sub(r"\$\w+", lambda m: variables.get(m[0], "5s"), expr)  # $__rate_interval: 5s
-                empty += [] if _query(port, runnable) else [expr]
-        assert not empty, f"no data: {empty}"
+        with _prometheus(tmp_path, config) as (prom, port):
+            _scrape_and_check(prom, port, sm, ports, runs, servers, tmp_path)
     finally:
         for w in watchers:
             w.stop()
-        prom.terminate()
-        prom.wait(timeout=30)
         for server in servers.values():
             server.shutdown()
+
+
+def _scrape_and_check(prom: subprocess.Popen, port: int, sm: SelfMetrics, ports: dict, runs: dict, servers: dict,
+                      tmp_path: Path) -> None:
+    """The engines registered through --engines-from, scraped with their run, every recording and panel with data."""
+    assert sm.value("verl_exporter_source_errors_total", component="engines_sd") == 1
+    (tmp_path / "vllm/prometheus.yml").write_text(_verl_prometheus_yml(ports["vllm"]))
+    found = _first_answer(prom, port,
+                          'max by (run, instance) (vllm:kv_cache_usage_perc or sglang:token_usage) > 0.95')
+    assert [r["metric"] for r in found] == [{"run": "r1", "instance": f"127.0.0.1:{ports['vllm']}"}]
+    deadline, up = time.monotonic() + 30, []
+    while time.monotonic() < deadline and len(up) < 2:
+        time.sleep(1)
+        up = _query(port, 'up{rollout_engine=~"vllm|sglang"}')
+    assert sorted((r["metric"]["run"], r["metric"]["rollout_engine"], r["value"][1]) for r in up) == [
+        ("r1", "vllm", "1"), ("r2", "sglang", "1")]
+    for pkg, run in runs.items():
+        buckets = _query(port, f'count({pkg}:time_to_first_token_seconds_bucket{{run="{run}"}})')
+        family = "TIME_TO_FIRST_TOKEN_BUCKETS" if pkg == "vllm" else "bucket_time_to_first_token"
+        assert int(buckets[0]["value"][1]) == len(EXTRACT[pkg]["buckets"]["families"][family]) + 1  # and +Inf
+        assert "application/openmetrics-text" in servers[pkg].formats  # the escaping case was the one scraped
+    assert _query(port, 'count({__name__=~"(vllm|sglang)_.+"})') == []  # no name left without its colon
+    # every engine recording and every panel of the engines dashboard
+    recorded = [r.record for r in all_recordings(load_spec()) if r.group == ENGINE_GROUP]
+    dashboard = json.loads((REPO / f"dashboards/verl-{ENGINES}.json").read_text())
+    variables = {f"${v['name']}": v["allValue"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
+    panels = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert any(":sglang_" in r for r in recorded) and any("sglang:" in p for p in panels)
+    deadline, empty = time.monotonic() + 30, ["?"]
+    while time.monotonic() < deadline and empty:
+        time.sleep(1)
+        empty = [n for n in recorded if not _query(port, n)]
+        for expr in panels:
+            runnable = re.sub(r"\$\w+", lambda m: variables.get(m[0], "5s"), expr)  # $__rate_interval: 5s
+            empty += [] if _query(port, runnable) else [expr]
+    assert not empty, f"no data: {empty}"
 
 
 def test_the_rl_insight_example_gives_rl_insights_engine_targets_the_labels_the_alerts_need(tmp_path):
@@ -236,23 +260,11 @@ def test_the_rl_insight_example_gives_rl_insights_engine_targets_the_labels_the_
                               {"regex": "rl_insight_job", "action": "labeldrop"}, *job["relabel_configs"]]
     job.update(scrape_interval="1s", scrape_timeout="1s")
     config["scrape_configs"], config["rule_files"] = [job], []
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline, found = time.monotonic() + 60, []
-        while time.monotonic() < deadline and not found:
-            time.sleep(1)
-            try:
-                found = _query(port, 'max by (job, run, instance) (vllm:kv_cache_usage_perc) > 0.95')
-            except OSError:  # not listening yet
-                assert prom.poll() is None, prom.stderr.read().decode()[-2000:]
-        assert [r["metric"] for r in found] == [{"job": "vllm", "run": "exp1", "instance": target}]
-        up = _query(port, 'up{rollout_engine=~"vllm|sglang"}')
-        assert [(r["metric"]["run"], r["metric"]["project"], r["value"][1]) for r in up] == [("exp1", "p", "1")]
+        with _prometheus(tmp_path, config) as (prom, port):
+            found = _first_answer(prom, port, 'max by (job, run, instance) (vllm:kv_cache_usage_perc) > 0.95')
+            assert [r["metric"] for r in found] == [{"job": "vllm", "run": "exp1", "instance": target}]
+            up = _query(port, 'up{rollout_engine=~"vllm|sglang"}')
+            assert [(r["metric"]["run"], r["metric"]["project"], r["value"][1]) for r in up] == [("exp1", "p", "1")]
     finally:
-        prom.terminate()
-        prom.wait(timeout=30)
         server.shutdown()
