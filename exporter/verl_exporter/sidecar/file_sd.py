@@ -21,6 +21,7 @@ import json
 import re
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from ..core.atomicfile import make_dirs, write_atomic
@@ -48,10 +49,10 @@ class FileSdRegistration:
         make_dirs(self.dir, 0o755)  # not mkdir(parents=True): under umask 077 Prometheus could not get in
         write_atomic(self.path, json.dumps(self._doc), mode=0o644)
 
-    def start(self, on_error=None) -> FileSdRegistration:
+    def start(self, on_error: Callable[[OSError], None] | None = None) -> FileSdRegistration:
         self.write()
 
-        def loop():
+        def loop() -> None:
             while not self._stop.wait(self._refresh):
                 try:
                     self.write()

@@ -27,16 +27,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from ..core.atomicfile import make_dirs, write_atomic
 from ..core.verdict import flight_recorder_verdict, read_flight_recorder, verdict
-from ..exposition.selfmetrics import SelfMetric
+from ..exposition.selfmetrics import SelfMetric, SelfMetrics
 from .collectors.gpu_processes import looks_like_ray_worker
+
+if TYPE_CHECKING:
+    from ..spec import Spec
+    from .store import TrainingStore
 
 FORENSICS_CAPTURES = SelfMetric("verl_exporter_forensics_captures_total")
 FORENSICS_FAILURES = SelfMetric("verl_exporter_forensics_failures_total")
@@ -97,9 +103,9 @@ def _rank_of(proc: psutil.Process) -> str | None:
     return rank if rank and rank.isdigit() else None
 
 
-def targets(trainer_pid: int | None) -> list[psutil.Process]:
+def targets(trainer_pid: int | None) -> list[psutil.Process | _Gone]:
     """The trainer's process tree and this node's Ray workers, the trainer first, at most MAX_PROCESSES."""
-    found: dict[int, psutil.Process] = {}
+    found: dict[int, psutil.Process | None] = {}
     if trainer_pid is not None:
         try:
             root = psutil.Process(trainer_pid)
@@ -132,8 +138,8 @@ class _Gone:
 
 
 class Forensics:
-    def __init__(self, settings: ForensicsSettings, self_metrics, trainer_pid: int | None = None,
-                 labels: dict[str, str] | None = None, clock=time.time):
+    def __init__(self, settings: ForensicsSettings, self_metrics: SelfMetrics, trainer_pid: int | None = None,
+                 labels: dict[str, str] | None = None, clock: Callable[[], float] = time.time):
         self.settings = settings
         self.dir = Path(settings.directory)
         self._self = self_metrics
@@ -141,8 +147,8 @@ class Forensics:
         self._labels = dict(labels or {})
         self._clock = clock
         self._lock = threading.RLock()  # one capture at a time: a stall and a request may coincide
-        self.last: dict | None = None  # {time, path, verdict, trigger} of the latest capture
-        self._last_doc: dict | None = None
+        self.last: dict[str, Any] | None = None  # {time, path, verdict, trigger} of the latest capture
+        self._last_doc: dict[str, Any] | None = None
         for trigger in ("stall", "request"):
             self_metrics.inc(FORENSICS_CAPTURES, 0, trigger=trigger)
         for reason in (*HINTS, "write"):
@@ -152,7 +158,7 @@ class Forensics:
     def _binary(self) -> str | None:
         return find_py_spy(self.settings.py_spy)
 
-    def dump(self, binary: str, pid: int) -> dict:
+    def dump(self, binary: str, pid: int) -> dict[str, Any]:
         """One process's py-spy threads, or its error and reason."""
         started = time.perf_counter()
         tries = (["--native"], []) if self.settings.native else ([],)
@@ -179,12 +185,12 @@ class Forensics:
         return {"pid": pid, "reason": classify(error), "error": error}
 
     # ------------------------------------------------------------------ one capture
-    def capture(self, trigger: str, reason: str = "", step=None) -> dict:
+    def capture(self, trigger: str, reason: str = "", step: Any = None) -> dict[str, Any]:
         """Capture every target, write the file, count; returns the capture document (with ``path``)."""
         with self._lock:
             now = self._clock()
             binary = self._binary()
-            def one(proc) -> dict:
+            def one(proc: psutil.Process | _Gone) -> dict[str, Any]:
                 if binary is None:
                     entry = {"pid": proc.pid, "reason": "no_binary",
                              "error": f"py-spy not found ({self.settings.py_spy})"}
@@ -221,7 +227,7 @@ class Forensics:
             self._last_doc = doc
             return doc
 
-    def requested(self, reason: str = "") -> dict:
+    def requested(self, reason: str = "") -> dict[str, Any]:
         """A capture asked for (POST /control/forensics); the latest one when it is under MIN_REQUEST_GAP_S old."""
         with self._lock:  # a request during a capture (the stall's) waits for it, and gets it
             last = self._last_doc
@@ -229,7 +235,7 @@ class Forensics:
                 return last
             return self.capture("request", reason)
 
-    def _write(self, doc: dict, now: float) -> str | None:
+    def _write(self, doc: dict[str, Any], now: float) -> str | None:
         name = f"capture-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-{int(now * 1000) % 1000:03d}.json"
         path = self.dir / name
         try:
@@ -262,7 +268,7 @@ def _first_line(raw: bytes) -> str:
     return lines[0][:300] if lines else ""
 
 
-def _describe(proc) -> dict:
+def _describe(proc: psutil.Process | _Gone) -> dict[str, Any]:
     """The rank (from RANK), and the command line (clipped) of a captured process."""
     if not isinstance(proc, psutil.Process):
         return {"rank": None}
@@ -277,7 +283,8 @@ class StallWatch:
     """Judges the spec's between-steps alerts (stalls) on the store every ``interval`` s; captures once per
     stall, at the first alert whose condition holds (before its ``for``: the evidence is freshest then)."""
 
-    def __init__(self, spec, store, forensics: Forensics, interval: float = 1.0, clock=time.time):
+    def __init__(self, spec: Spec, store: TrainingStore, forensics: Forensics, interval: float = 1.0,
+                 clock: Callable[[], float] = time.time):
         self.alerts = [a for a in spec.alerts() if a.judged_between_steps]
         self._store = store
         self._forensics = forensics
@@ -299,7 +306,7 @@ class StallWatch:
         d = self._store.detectors.by_name.get(signal)
         return None if d is None else d.stats.get(stat)
 
-    def check(self, now: float | None = None) -> dict | None:
+    def check(self, now: float | None = None) -> dict[str, Any] | None:
         """Capture if a stall alert holds now and this stall has no capture yet; returns the capture."""
         self.now = self._clock() if now is None else now
         step_at = self.last_step_at

@@ -19,10 +19,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..core.atomicfile import write_atomic
-from ..exposition.selfmetrics import SelfMetric
+from ..exposition.selfmetrics import SelfMetric, SelfMetrics
+
+if TYPE_CHECKING:
+    from .store import TrainingStore
 
 RESTARTS = SelfMetric("verl_run_restarts_total")
 RESTARTS_WITHOUT_PROGRESS = SelfMetric("verl_run_restarts_without_progress")
@@ -44,9 +49,10 @@ _CONTROL = SelfMetric("verl_exporter_control_requests_total")
 
 
 class Progress:
-    def __init__(self, state_dir: str, store, self_metrics, trainer_pid: int | None = None,
+    def __init__(self, state_dir: str, store: TrainingStore, self_metrics: SelfMetrics, trainer_pid: int | None = None,
                  planned_steps: int | None = None, save_freq: int | None = None, deadline: float | None = None,
-                 ckpt_to_keep: int | None = None, interval: float = 1.0, clock=time.time):
+                 ckpt_to_keep: int | None = None, interval: float = 1.0,
+                 clock: Callable[[], float] = time.time):
         self.path = Path(state_dir) / STATE_NAME
         self._store = store
         self._self = self_metrics
@@ -72,7 +78,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="verl-progress", daemon=True)
 
-    def _load(self) -> dict:
+    def _load(self) -> dict[str, Any]:
         try:
             state = json.loads(self.path.read_text())
             if isinstance(state, dict):

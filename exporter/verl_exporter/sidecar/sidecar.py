@@ -146,10 +146,10 @@ class Sidecar:
         self.server = HttpServer(app, self.config.listen, on_problem=lambda kind, message: (
             self.self_metrics.problem("http", kind, message)))  # bound: the port is known, nothing served yet
         if self.config.file_sd:  # registered before serving: once /healthz answers, discovery has us
-            self.file_sd = FileSdRegistration(self.config.file_sd, self.config.advertise or advertise_host(),
-                                              self.server.port)
-            self.file_sd.start(on_error=lambda e: self.self_metrics.problem(
-                "file_sd", "write", f"cannot write {self.file_sd.path}: {e}"))
+            file_sd = self.file_sd = FileSdRegistration(self.config.file_sd,
+                                                        self.config.advertise or advertise_host(), self.server.port)
+            file_sd.start(on_error=lambda e: self.self_metrics.problem(
+                "file_sd", "write", f"cannot write {file_sd.path}: {e}"))
         c = self.config
         if c.engines_from and c.file_sd and c.run:  # the config requires --file-sd and --run with it
             self.engines_sd = EnginesSd(c.engines_from, c.file_sd, c.run, c.rollout_engine,

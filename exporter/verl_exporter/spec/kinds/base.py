@@ -42,8 +42,13 @@ def register(cls: type[AlertBase]) -> type[AlertBase]:
 class StepView(Protocol):
     """What the in-process breaker shows a kind at one step (or tick) of a run."""
 
-    now: float  # the time of the step (or of the tick)
-    last_step_at: float | None  # when the latest step was logged
+    @property
+    def now(self) -> float:
+        """The time of the step (or of the tick)."""
+
+    @property
+    def last_step_at(self) -> float | None:
+        """When the latest step was logged."""
 
     def value(self, metric: str, labels: dict[str, str]) -> float | None:
         """The latest value logged for one series of a spec metric (NaN for verl's null), None if never."""
