@@ -125,7 +125,7 @@ local alerts = [
     group: "verl-exporter.training",
     alert: "VerlRewardDecline",
     labels: {"team": "training"},
-    knobs: {"spreads": 5.5, "share": 0.15},
+    knobs: {"spreads": 5.4, "share": 0.15},
     texts(v, t):: { expr: "(verl_detector_trailing_peak{signal=\"score\", " + v["selector"] + "} - verl_detector_level{signal=\"score\", " + v["selector"] + "}) / verl_detector_spread{signal=\"score\", " + v["selector"] + "} > " + v["knob.spreads"] + " and (verl_detector_trailing_peak{signal=\"score\", " + v["selector"] + "} - verl_detector_level{signal=\"score\", " + v["selector"] + "}) > " + v["knob.share"] + " * abs(verl_detector_trailing_peak{signal=\"score\", " + v["selector"] + "}) + 0.05", summary: "The mean score has declined far from its best running level of the recent steps.", description: "The running level (median of 5 steps) of critic/score/mean on run {{ $labels.run }} is {{ $value | printf \"%.1f\" }} spreads (and over " + v["pct.share"] + "%) below its best level of the recent steps.", runbook_url: v["runbook_url"] + "#verlrewarddecline" },
   },
   {

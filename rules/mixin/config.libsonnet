@@ -25,7 +25,7 @@
       VerlMFUDrop: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"k": 4.0, "change": 0.3}},
       VerlRewardDrop: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"k": 5.0, "change": 0.0}},
       VerlRewardCollapse: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {"k": 5.0, "change": 0.0}},
-      VerlRewardDecline: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"spreads": 5.5, "share": 0.15}},
+      VerlRewardDecline: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"spreads": 5.4, "share": 0.15}},
       VerlCriticExplainedVarianceCollapse: {"enabled": true, "severity": "warning", "for": "10m", "labels": {}, "thresholds": {}},
       VerlResponseLengthCollapse: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"k": 4.0, "change": 0.5}},
       VerlAnswersCollapsed: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {"tokens": 5.0, "entropy": 0.05}},
