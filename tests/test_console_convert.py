@@ -76,6 +76,14 @@ def test_numpy_reprs_nan_and_inf_are_written_like_verls_file_logger(tmp_path):
     assert "NaN" not in raw and "Infinity" not in raw  # strict JSON, nulls like orjson
 
 
+def test_python_bools_are_written_as_json_bools(tmp_path):
+    """A config flag logged as a metric prints as True/False; verl's file logger writes true/false (a public
+    agent run logged actor/use_cached_prefix_old_logprob: True on every step)."""
+    rc, records = run(tmp_path, "step:1 - actor/use_cached:True - actor/other:False - my/tag:TRUE\n")
+    assert rc == 0
+    assert records[0]["data"] == {"actor/use_cached": True, "actor/other": False, "my/tag": "TRUE"}
+
+
 def test_global_step_and_time_per_step_keys_are_not_step_lines(tmp_path):
     text = "step:7 - training/global_step:7 - perf/time_per_step:3.0 - train/step:9\n"
     rc, records = run(tmp_path, text)

@@ -73,7 +73,7 @@ def test_a_broken_threshold_makes_promtool_fail(tmp_path):
     shutil.copytree(REPO / "rules", tmp_path / "rules")
     alerts = tmp_path / "rules/verl-alerts.yaml"
     text = alerts.read_text()
-    broken = text.replace('bound="upper"} > 0.3', 'bound="upper"} > 5')
+    broken = text.replace('signal="pg_clip_ratio", job="verl"} > 0.3', 'signal="pg_clip_ratio", job="verl"} > 5')
     assert broken != text
     alerts.write_text(broken)
     run = subprocess.run([promtool, "test", "rules", str(tmp_path / "rules/tests/generated-test.yaml")],

@@ -197,10 +197,11 @@ def test_the_sidecar_detectors_and_the_breaker_read_the_same_knobs(tmp_path, spe
     breaker = CircuitBreaker.from_spec(eff)
     judged = {a.alert: a for a in breaker.alerts}
     assert judged["VerlRewardCollapse"].k == 7
-    assert judged["VerlPPOClipFractionHigh"].threshold == 0.4
+    assert judged["VerlPPOClipFractionHigh"].knob_values()["threshold"] == 0.4
     assert "VerlNonFiniteLoss" not in judged
-    # the new critical threshold trips it on the key that feeds the metric, once held for its `for` (10m)
-    trips = [breaker.observe(step, {"actor/pg_clipfrac": 0.5}, now=300.0 * step)[1] for step in range(1, 5)]
+    # the new critical condition trips it on the key that feeds the metric, once over the line for 3 steps
+    # (held in steps: the breaker's clock plays no part)
+    trips = [breaker.observe(step, {"actor/pg_clipfrac": 0.5}, now=1.0 * step)[1] for step in range(1, 5)]
     assert trips[:2] == [None, None] and trips[2].alert == "VerlPPOClipFractionHigh" and trips[3] is None
     assert breaker.detectors.by_name["score"].spec.min_steps == 20
     # the sidecar's step-domain detectors: the score signal judges no step before 20 came before it

@@ -77,7 +77,7 @@ local alerts = [
     alert: "VerlPPOClipFractionHigh",
     labels: {"team": "training"},
     knobs: {"threshold": 0.3},
-    texts(v, t):: { expr: "verl_actor_pg_clip_ratio{" + v["selector"] + ", bound=\"upper\"} > " + v["knob.threshold"], summary: "Over " + v["pct.threshold"] + "% of tokens hit the PPO clip.", description: "actor/pg_clipfrac is {{ $value | printf \"%.3g\" }} on run {{ $labels.run }}: most of the update is clipped away.", runbook_url: v["runbook_url"] + "#verlppoclipfractionhigh" },
+    texts(v, t):: { expr: "verl_detector_held_min{signal=\"pg_clip_ratio\", " + v["selector"] + "} > " + v["knob.threshold"], summary: "Over " + v["pct.threshold"] + "% of tokens hit the PPO clip.", description: "actor/pg_clipfrac has been over " + v["pct.threshold"] + "% on each of the last 3 steps of run {{ $labels.run }} (the lowest {{ $value | printf \"%.3g\" }}): most of the update is clipped away.", runbook_url: v["runbook_url"] + "#verlppoclipfractionhigh" },
   },
   {
     group: "verl-exporter.training",
@@ -133,7 +133,7 @@ local alerts = [
     alert: "VerlCriticExplainedVarianceCollapse",
     labels: {"team": "training"},
     knobs: {},
-    texts(v, t):: { expr: "verl_critic_vf_explained_variance{" + v["selector"] + "} < 0 and max_over_time(verl_critic_vf_explained_variance{" + v["selector"] + "}[2h] offset 15m) > 0.3", summary: "The critic's explained variance fell below zero after having been good.", description: "critic/vf_explained_var on run {{ $labels.run }} is {{ $value | printf \"%.3g\" }}: the critic predicts worse than a constant.", runbook_url: v["runbook_url"] + "#verlcriticexplainedvariancecollapse" },
+    texts(v, t):: { expr: "verl_detector_held_max{signal=\"vf_explained_var\", " + v["selector"] + "} < 0 and on (job, instance, run, rank) max_over_time(verl_critic_vf_explained_variance{" + v["selector"] + "}[2h] offset 15m) > 0.3", summary: "The critic's explained variance fell below zero after having been good.", description: "critic/vf_explained_var on run {{ $labels.run }} has been below zero on each of its last 3 steps (the highest {{ $value | printf \"%.3g\" }}): the critic predicts worse than a constant.", runbook_url: v["runbook_url"] + "#verlcriticexplainedvariancecollapse" },
   },
   {
     group: "verl-exporter.training",
@@ -203,7 +203,7 @@ local alerts = [
     alert: "VerlRolloutISEffectiveSampleSizeLow",
     labels: {"team": "training"},
     knobs: {"threshold": 0.5},
-    texts(v, t):: { expr: "verl_rollout_corr_is_eff_sample_size_ratio{" + v["selector"] + "} < " + v["knob.threshold"], summary: "The importance weights leave under half of the batch effective.", description: "rollout_corr/rollout_is_eff_sample_size on run {{ $labels.run }} is {{ $value | printf \"%.2f\" }}: a few samples with huge weights dominate the update.", runbook_url: v["runbook_url"] + "#verlrolloutiseffectivesamplesizelow" },
+    texts(v, t):: { expr: "verl_detector_held_max{signal=\"is_eff_sample_size\", " + v["selector"] + "} < " + v["knob.threshold"], summary: "The importance weights leave under " + v["pct.threshold"] + "% of the batch effective.", description: "rollout_corr/rollout_is_eff_sample_size on run {{ $labels.run }} has been under " + v["knob.threshold"] + " on each of its last 3 steps (the highest {{ $value | printf \"%.2f\" }}): a few samples with huge weights dominate the update.", runbook_url: v["runbook_url"] + "#verlrolloutiseffectivesamplesizelow" },
   },
   {
     group: "verl-exporter.training",
@@ -217,7 +217,7 @@ local alerts = [
     alert: "VerlFullyAsyncTrainerIdle",
     labels: {"team": "training"},
     knobs: {"threshold": 0.5},
-    texts(v, t):: { expr: "verl_fully_async_idle_ratio{" + v["selector"] + ", role=\"trainer\"} > " + v["knob.threshold"], summary: "The fully-async trainer waits for samples over half of the time.", description: "fully_async/trainer/idle_ratio on run {{ $labels.run }} is {{ $value | printf \"%.2f\" }}: the trainer GPUs mostly wait for the rollouter.", runbook_url: v["runbook_url"] + "#verlfullyasynctraineridle" },
+    texts(v, t):: { expr: "verl_detector_held_min{signal=\"trainer_idle\", " + v["selector"] + "} > " + v["knob.threshold"], summary: "The fully-async trainer waits for samples over " + v["pct.threshold"] + "% of the time.", description: "fully_async/trainer/idle_ratio on run {{ $labels.run }} has been over " + v["knob.threshold"] + " on each of its last 5 steps (the lowest {{ $value | printf \"%.2f\" }}): the trainer GPUs mostly wait for the rollouter.", runbook_url: v["runbook_url"] + "#verlfullyasynctraineridle" },
   },
   {
     group: "verl-exporter.training",
@@ -496,8 +496,8 @@ local alerts = [
     group: "verl-exporter.cross-layer",
     alert: "VerlNumericalCollapse",
     labels: {"team": "training"},
-    knobs: {"aborted": 0.1, "length_drop": 0.5},
-    texts(v, t):: { expr: "verl_detector_held_min{signal=\"aborted\", " + v["selector"] + "} > " + v["knob.aborted"] + " and on (job, instance, run, rank) verl_detector_relative_change{signal=\"response_length\", " + v["selector"] + "} < -" + v["knob.length_drop"], summary: "The policy is collapsing numerically: empty responses up and lengths halved.", description: "On run {{ $labels.run }} at least {{ $value | printf \"%.2f\" }} of responses were empty for 2 steps and the mean length fell over " + v["pct.length_drop"] + "% below its trend: a numerical collapse (NaN/underflow, \"!!!!\" outputs).", runbook_url: v["runbook_url"] + "#verlnumericalcollapse" },
+    knobs: {"aborted": 0.1, "length_share": 0.5},
+    texts(v, t):: { expr: "verl_detector_held_min{signal=\"aborted\", " + v["selector"] + "} > " + v["knob.aborted"] + " and on (job, instance, run, rank) verl_detector_held_max{signal=\"response_length\", " + v["selector"] + "} < " + v["knob.length_share"] + " * verl_detector_trailing_peak{signal=\"response_length\", " + v["selector"] + "}", summary: "The policy is collapsing numerically: empty responses up and lengths halved.", description: "On run {{ $labels.run }} at least {{ $value | printf \"%.2f\" }} of responses were empty for 2 steps and the mean length stayed under " + v["pct.length_share"] + "% of its highest running level of the recent steps: a numerical collapse (NaN/underflow, \"!!!!\" outputs).", runbook_url: v["runbook_url"] + "#verlnumericalcollapse" },
   },
 ];
 {

@@ -45,11 +45,13 @@ class ConsoleLogError(ValueError):
     """The input holds no usable step lines, or the run asked for does not exist."""
 
 
-def value_of(text: str) -> int | float | str | None:
+def value_of(text: str) -> bool | int | float | str | None:
     """The JSON value verl's file logger would have written for one printed value."""
     inner = WRAPPED.match(text)
     if inner:
         text = inner.group(1)
+    if text in ("True", "False"):  # a Python bool, printed as such; the file logger writes true / false
+        return text == "True"
     if text.lower() in NON_FINITE:
         return None
     if INTEGER.fullmatch(text):

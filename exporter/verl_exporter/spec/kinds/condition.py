@@ -11,7 +11,7 @@ all/any. One declaration gives both the PromQL and the breaker's evaluation on t
 
 A term is a metric's series (``metric`` and ``labels``) or a signal's statistic (``signal`` and ``stat``, the
 gauge ``verl_detector_<stat>{signal=...}``), optionally multiplied by a knob (``times``). ``than`` is a
-number, a knob expression over ``params`` (``tokens``, ``-length_drop``) or another term. Every series is one
+number, a knob expression over ``params`` (``tokens``, ``-change``) or another term. Every series is one
 sidecar's, matched on (job, instance, run, rank) where their labels differ.
 """
 
