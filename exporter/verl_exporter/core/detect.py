@@ -154,6 +154,7 @@ class SignalSpec:
     floor: float = 0.0  # absolute floor of the spread
     rel_floor: float = 0.02  # floor of the spread as a share of |expected|
     trend: bool = True  # project the window's trend (off for values that should be flat)
+    skip_when_zero: str | None = None  # a metric: a step on which it is exactly 0 carries no value of this signal
     export: tuple[str, ...] = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore")
 
 
@@ -183,9 +184,11 @@ def keys_of(metric: MetricView, labels: Mapping[str, str]) -> list[tuple[str, fl
 class SignalDetector:
     """The rolling state of one signal. ``observe`` costs O(window log window) per step."""
 
-    def __init__(self, spec: SignalSpec, keys: list[tuple[str, float]] | None = None) -> None:
+    def __init__(self, spec: SignalSpec, keys: list[tuple[str, float]] | None = None,
+                 skip_keys: list[str] | None = None) -> None:
         self.spec = spec
         self.keys = list(keys or [])
+        self.skip_keys = list(skip_keys or [])  # the keys of spec.skip_when_zero
         self.values: deque[float] = deque(maxlen=spec.window)
         self.zs: deque[float] = deque(maxlen=spec.hold)
         self.spikes: deque[float] = deque(maxlen=spec.hold)
@@ -200,6 +203,8 @@ class SignalDetector:
         self._seen: deque[_Seen] = deque(maxlen=2 * max(spec.window, spec.level_steps, spec.hold, spec.trail))
 
     def value_in(self, data: Mapping[str, Any]) -> float | None:
+        if any(data.get(key) == 0 for key in self.skip_keys):  # a step without this signal (e.g. no gradient)
+            return None
         for key, scale in self.keys:
             x = finite(data.get(key))  # absent, NaN/Inf (null) is the nonfinite alerts' business
             if x is not None and math.isfinite(x * scale):
@@ -303,7 +308,9 @@ class Detectors:
         self.detectors: list[SignalDetector] = []
         for sig in signals:
             keys = keys_of(spec[sig.metric], dict(sig.labels)) if spec is not None else []
-            self.detectors.append(SignalDetector(sig, keys))
+            skip = [k for k, _ in keys_of(spec[sig.skip_when_zero], {})] \
+                if spec is not None and sig.skip_when_zero else []
+            self.detectors.append(SignalDetector(sig, keys, skip))
         self.by_name = {d.spec.name: d for d in self.detectors}
         self._step_keys = step_seconds_keys(spec)
         window = max((sig.window for sig in signals), default=30)

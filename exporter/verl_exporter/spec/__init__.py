@@ -468,6 +468,9 @@ class Spec(StrictModel):
             for j, d in enumerate(m.detect):
                 if clash("signal", d.name, (i, j)) is not None:
                     out.append(((*at, "detect", j, "signal"), f"signal {d.name!r} is declared twice"))
+                if d.skip_when_zero and d.skip_when_zero not in {x.name for x in self.metrics}:
+                    out.append(((*at, "detect", j, "skip_when_zero"), f"{d.skip_when_zero!r} is not a metric of "
+                                "the spec"))
                 out += [((*at, "detect", j, "export"), f"exports {stat} but verl_detector_{stat} is not declared "
                          "(instrumented_by: detector)") for stat in d.export
                         if f"verl_detector_{stat}" not in detector_gauges]

@@ -28,6 +28,9 @@ class DetectEntry(StrictModel):
     floor: float = Field(0.0, ge=0, description="absolute floor of the spread")
     rel_floor: float = Field(0.02, ge=0, description="floor of the spread as a share of |expected|")
     trend: bool = Field(True, description="project the window's trend (off for values that should be flat)")
+    skip_when_zero: str | None = Field(
+        None, description="a metric of the spec: a step on which it is exactly 0 carries no value of this signal "
+                          "(e.g. the gradient norm of a step whose policy loss is 0: every group scored alike)")
     export: list[Stat] = ["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore"]
 
     @model_validator(mode="after")
@@ -41,4 +44,4 @@ class DetectEntry(StrictModel):
         return SignalSpec(name=self.signal, metric=metric, labels=tuple(self.labels.items()), window=self.window,
                           hold=self.hold, level_steps=self.level_steps, trail=self.trail, min_steps=self.min_steps,
                           floor=float(self.floor), rel_floor=float(self.rel_floor), trend=self.trend,
-                          export=tuple(export))
+                          skip_when_zero=self.skip_when_zero, export=tuple(export))
