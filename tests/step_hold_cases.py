@@ -9,6 +9,8 @@ import dataclasses
 import math
 import random
 
+from verl_exporter.core.detect import keys_of
+from verl_exporter.spec import load_spec
 from verl_exporter.tools import replay as rp
 
 STEP_TIMES = (5.0, 60.0, 600.0)
@@ -22,10 +24,10 @@ CASES = {
     "VerlRolloutISEffectiveSampleSizeLow": ("grpo", "is_ess_low", 0),
     "VerlFullyAsyncTrainerIdle": ("grpo", "trainer_idle", 0),
 }
-# key: (healthy value, faulty value, noise)
+# fault: (the spec's series, its labels, healthy value, faulty value, noise); the verl key comes from the spec
 INJECTED = {
-    "is_ess_low": ("rollout_corr/rollout_is_eff_sample_size", 0.85, 0.3, 0.03),
-    "trainer_idle": ("fully_async/trainer/idle_ratio", 0.2, 0.8, 0.05),
+    "is_ess_low": ("verl_rollout_corr_is_eff_sample_size_ratio", {}, 0.85, 0.3, 0.03),
+    "trainer_idle": ("verl_fully_async_idle_ratio", {"role": "trainer"}, 0.2, 0.8, 0.05),
 }
 
 
@@ -44,7 +46,8 @@ def lines_for(alert: str, step_s: float) -> tuple[list[dict], int]:
     injected = INJECTED.get(fault)
     lines = rp.simulate(profile, None if injected else rp.Fault(fault, at), steps=steps)
     if injected:
-        key, ok, bad, noise = injected
+        metric, labels, ok, bad, noise = injected
+        [(key, _)] = keys_of(load_spec()[metric], labels)
         rng = random.Random(f"{alert}:{step_s}")
         for line in lines:
             value = bad if line["step"] >= at else ok

@@ -96,6 +96,10 @@ def test_steps_without_a_policy_gradient_do_not_feed_the_gradient_norm():
     det.observe(121, {"actor/grad_norm": 0.002, "actor/pg_loss": 1e-9})
     det.observe(122, {"actor/grad_norm": 0.003})
     assert list(g.values)[-2:] == [0.002, 0.003]
+    # nor does a loss that is not a number (a string, a bool, null): the step is read as any other
+    for step, loss in ((123, "0"), (124, False), (125, None)):
+        det.observe(step, {"actor/grad_norm": 0.004, "actor/pg_loss": loss})
+    assert list(g.values)[-3:] == [0.004, 0.004, 0.004]
 
 
 def test_trailing_extremes_follow_a_long_runs_slow_drift():

@@ -129,6 +129,9 @@ BAD_CASES = [
         {"name": "verl_a", "type": "gauge", "help": "A.", "layer": "data", "source": [{"match": "k/a"}]},
         {"name": "verl_b", "type": "gauge", "help": "B.", "layer": "data", "source": [{"match": "k/a"}]}]},
      "already feeds 'verl_a'"),
+    ("skip_when_zero names no metric", _mutate((*M0, "detect"), [
+        {"signal": "x", "labels": {"phase": "gen"}, "skip_when_zero": "verl_nope"}]),
+     "metrics.0.detect.0.skip_when_zero: 'verl_nope' is not a metric of the spec"),
     ("timestamp counter", lambda d: {**d, "metrics": d["metrics"] + [
         {"name": "verl_t_timestamp_seconds_total", "type": "counter", "unit": "seconds", "help": "T.",
          "layer": "data", "collector": "x"}]}, "must be a gauge"),

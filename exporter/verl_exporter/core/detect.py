@@ -203,7 +203,7 @@ class SignalDetector:
         self._seen: deque[_Seen] = deque(maxlen=2 * max(spec.window, spec.level_steps, spec.hold, spec.trail))
 
     def value_in(self, data: Mapping[str, Any]) -> float | None:
-        if any(data.get(key) == 0 for key in self.skip_keys):  # a step without this signal (e.g. no gradient)
+        if any(finite(data.get(key)) == 0.0 for key in self.skip_keys):  # a step without this signal (no gradient)
             return None
         for key, scale in self.keys:
             x = finite(data.get(key))  # absent, NaN/Inf (null) is the nonfinite alerts' business

@@ -449,6 +449,7 @@ class Spec(StrictModel):
             return None if first == owner else first
 
         detector_gauges = {m.name for m in self.metrics if m.instrumented_by == "detector"}
+        metric_names = {m.name for m in self.metrics}
         for i, m in enumerate(self.metrics):
             at = ("metrics", i)
             if clash("metric", m.name, i) is not None:
@@ -468,7 +469,7 @@ class Spec(StrictModel):
             for j, d in enumerate(m.detect):
                 if clash("signal", d.name, (i, j)) is not None:
                     out.append(((*at, "detect", j, "signal"), f"signal {d.name!r} is declared twice"))
-                if d.skip_when_zero and d.skip_when_zero not in {x.name for x in self.metrics}:
+                if d.skip_when_zero and d.skip_when_zero not in metric_names:
                     out.append(((*at, "detect", j, "skip_when_zero"), f"{d.skip_when_zero!r} is not a metric of "
                                 "the spec"))
                 out += [((*at, "detect", j, "export"), f"exports {stat} but verl_detector_{stat} is not declared "
