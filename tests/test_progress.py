@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.control import CONTROL_REQUESTS
-from verl_exporter.sidecar.progress import STATE_NAME, Progress
+from verl_exporter.sidecar.progress import STATE_NAME, Progress, ProgressState
 from verl_exporter.sidecar.sources.verl_file import SOURCE_RESETS
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
@@ -200,3 +203,91 @@ def test_real_sidecar_a_stop_through_the_control_endpoint_is_a_stop_request(tmp_
         _wait(lambda: m("verl_run_stop_requested"), 1)
     finally:
         side.stop()
+
+
+# A state file is read back as hostile input: each wrong field costs only itself, the sidecar always starts.
+BAD_FIELDS = [
+    ("restarts", None), ("restarts", -3), ("restarts", "2"), ("restarts", 1.5), ("restarts", True),
+    ("restarts_without_progress", [1]), ("redone_steps", {"a": 1}), ("redone_steps", -1.0),
+    ("max_step", "abc"), ("max_step", [1]), ("max_step", float("inf")), ("max_step", float("nan")),
+    ("max_step", -5), ("max_step", 2.5), ("last_step", "x"), ("trainer_pid", "12"), ("trainer_pid", -1),
+    ("stop_requested", "yes"), ("awaiting_resume", 1), ("unknown_key", 1),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_FIELDS)
+def test_a_wrong_field_in_the_state_file_is_dropped_and_counted_the_rest_is_kept(tmp_path, field, value):
+    good = {"max_step": 40.0, "restarts": 2, "restarts_without_progress": 1, "last_step": 30.0}
+    doc = {**good, field: value}
+    (tmp_path / STATE_NAME).write_text(json.dumps(doc))  # NaN and Infinity as Python's json writes them
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics, trainer_pid=7)
+    kept = {k: v for k, v in good.items() if k != field}
+    for name, metric in (("max_step", "verl_run_max_step"), ("restarts", "verl_run_restarts_total"),
+                         ("restarts_without_progress", "verl_run_restarts_without_progress")):
+        assert metrics.value(metric) == kept.get(name, 0)
+    assert metrics.value("verl_exporter_source_errors_total", component="progress") == 1
+    _step(store, 50, 1.0)
+    p.update()
+    saved = json.loads((tmp_path / STATE_NAME).read_text())
+    assert saved["max_step"] == 50 and saved.get(field) != value
+
+
+@pytest.mark.parametrize("text", ["1e400", "[1, 2]", "null", '"text"', "[" * 100000 + "]" * 100000,
+                                  '{"max_step": 1e400}', '{"max_step": ' + "9" * 5000 + "}", "\x00\xff"])
+def test_a_state_file_that_is_no_state_is_set_aside_and_the_sidecar_starts(tmp_path, text):
+    (tmp_path / STATE_NAME).write_bytes(text.encode("utf-8", "surrogateescape"))
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics)
+    assert metrics.value("verl_exporter_source_errors_total", component="progress") >= 1
+    assert metrics.value("verl_run_max_step") == 0
+    assert (tmp_path / (STATE_NAME + ".rejected")).read_bytes() == text.encode("utf-8", "surrogateescape")
+    _step(store, 3, 1.0)
+    p.update()
+    assert json.loads((tmp_path / STATE_NAME).read_text())["max_step"] == 3
+
+
+def test_a_state_file_larger_than_any_state_is_not_read_whole(tmp_path):
+    (tmp_path / STATE_NAME).write_text('{"max_step": 4, "pad": "' + "x" * (2 * 1024 * 1024) + '"}')
+    store, metrics = _parts()
+    Progress(str(tmp_path), store, metrics)
+    assert metrics.value("verl_exporter_source_errors_total", component="progress") == 1
+    assert metrics.value("verl_run_max_step") == 0
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(10**30), 10**30), st.floats(), st.text(max_size=8)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8)
+FIELDS = sorted(ProgressState.model_fields)
+GOOD_STATE = json.dumps({"last_step": 30.0, "max_step": 40.0, "restarts": 2, "restarts_without_progress": 1,
+                         "redone_steps": 3.0, "trainer_pid": 7, "stop_requested": True}).encode()
+
+
+def _starts_and_keeps_going(tmp_path, raw: bytes) -> None:
+    (tmp_path / STATE_NAME).write_bytes(raw)
+    store, metrics = _parts()
+    p = Progress(str(tmp_path), store, metrics, trainer_pid=7)
+    exported = {name: v for name, series in metrics.snapshot().items() for v in series.values()}
+    assert all(math.isfinite(v) and v >= 0 for v in exported.values())
+    _step(store, 41, 1.0)
+    p.update()
+    store, again = _parts()  # what the sidecar wrote back is read without a problem
+    Progress(str(tmp_path), store, again, trainer_pid=7)
+    assert again.value("verl_exporter_source_errors_total", component="progress") == 0
+    assert again.value("verl_run_max_step") >= 41
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), json_values, max_size=8))
+def test_any_json_object_as_the_state_file_starts_the_sidecar(tmp_path, doc):
+    _starts_and_keeps_going(tmp_path, json.dumps(doc).encode())
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, len(GOOD_STATE) - 1), st.binary(max_size=3)), min_size=1, max_size=4))
+def test_any_byte_mutation_of_a_state_file_starts_the_sidecar(tmp_path, edits):
+    raw = bytearray(GOOD_STATE)
+    for at, new in edits:
+        raw[at:at + 1] = new
+    _starts_and_keeps_going(tmp_path, bytes(raw))

@@ -11,7 +11,10 @@ keeps tokens out of reprs and messages.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -208,6 +211,43 @@ def read_yaml(path: str | Path, error: type[FileError] = FileError) -> tuple[Any
     except UnicodeDecodeError as e:
         raise error([f"not UTF-8 text (byte {e.start})"], origin) from None
     return parse_yaml(text, origin, error)
+
+
+def read_json(path: str | Path, max_bytes: int, error: type[FileError] = FileError) -> Any:
+    """The JSON document of a file the pack wrote itself, read as hostile input: one problem of ``error`` for a
+    file that is not a regular file (a FIFO would block the open), is larger than max_bytes (read no further),
+    is not UTF-8, is not JSON, nests deeper than the decoder goes, or holds an integer too long to convert.
+    A missing file raises FileNotFoundError."""
+    origin = str(path)
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise error(["not a regular file"], origin)
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise error([f"cannot read it: {e.strerror}"], origin) from None
+    if len(raw) > max_bytes:
+        raise error([f"larger than the {max_bytes} bytes this file may have"], origin)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error([f"not UTF-8 text (byte {e.start})"], origin) from None
+    except RecursionError:
+        raise error(["nested deeper than the JSON decoder goes"], origin) from None
+    except ValueError as e:  # the decoder's messages name a place, never the text
+        raise error([f"not JSON: {e}"], origin) from None
+
+
+def valid_fields(model: type[M], doc: dict[str, Any]) -> tuple[M, list[str]]:
+    """(the model of the fields of doc it accepts, the names of those it does not, sorted): each wrong or
+    unknown top-level field costs only itself. For models without checks across fields."""
+    try:
+        return model.model_validate(doc), []
+    except ValidationError as e:
+        bad = sorted({str(err["loc"][0]) for err in e.errors() if err["loc"]})
+    return model.model_validate({k: v for k, v in doc.items() if k not in bad}), bad
 
 
 def where(origin: str, lines: Lines, path: KeyPath) -> str:

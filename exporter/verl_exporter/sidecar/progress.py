@@ -21,10 +21,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field, PlainValidator
 
 from ..core.atomicfile import write_atomic
+from ..core.models import FileError, StrictModel, read_json, valid_fields
 from ..exposition.selfmetrics import SelfMetric, SelfMetrics
+from .store import as_step
 
 if TYPE_CHECKING:
     from .store import TrainingStore
@@ -44,6 +48,34 @@ STOP_REQUESTED = SelfMetric("verl_run_stop_requested")
 log = logging.getLogger(__name__)
 
 STATE_NAME = "progress.json"
+REJECTED_SUFFIX = ".rejected"  # a state file that could not be used whole is kept beside it under this name
+MAX_STATE_BYTES = 65536  # the sidecar writes a few hundred bytes
+_MAX_COUNT = 2**53  # a count above this is no count of restarts (and a float no longer holds every integer)
+
+
+def _step(value: Any) -> float:
+    step = as_step(value)  # the store's own test of a step: a non-negative integer below 2**53
+    if step is None:
+        raise ValueError("not a step (a non-negative integer)")
+    return step
+
+
+Step = Annotated[float, PlainValidator(_step)]
+Count = Annotated[int, Field(ge=0, le=_MAX_COUNT)]
+
+
+class ProgressState(StrictModel):
+    """progress.json as the sidecar writes it; every field checked when it is read back (null only where the
+    sidecar writes it: no step seen yet, no --trainer-pid)."""
+
+    last_step: Step | None = None
+    max_step: Step | None = None
+    restarts: Count = 0
+    restarts_without_progress: Count = 0
+    redone_steps: Annotated[float, Field(ge=0, le=_MAX_COUNT)] = 0.0
+    trainer_pid: Annotated[int, Field(ge=1, le=2**31)] | None = None
+    stop_requested: bool = False
+    awaiting_resume: bool = False
 _RESETS = SelfMetric("verl_exporter_source_resets_total")
 _CONTROL = SelfMetric("verl_exporter_control_requests_total")
 
@@ -79,16 +111,32 @@ class Progress:
         self._thread = threading.Thread(target=self._run, name="verl-progress", daemon=True)
 
     def _load(self) -> dict[str, Any]:
+        """The state read back as hostile input: a wrong field is left out, a file that is no state starts a
+        new one. Either way the file is set aside (progress.json.rejected), counted and logged; the sidecar
+        starts."""
         try:
-            state = json.loads(self.path.read_text())
-            if isinstance(state, dict):
-                return state
-            log.warning("%s is not a JSON object: starting a new one", self.path)
+            doc = read_json(self.path, MAX_STATE_BYTES)
         except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:  # a broken file must not stop the sidecar: say so, start again
-            log.warning("cannot read %s (%s): starting a new one", self.path, e)
-        return {}
+            return {}
+        except FileError as e:
+            self._reject("; ".join(e.problems) + ": starting a new one")
+            return {}
+        if not isinstance(doc, dict):
+            self._reject("not a JSON object: starting a new one")
+            return {}
+        state, bad = valid_fields(ProgressState, doc)
+        if bad:
+            shown = ", ".join(repr(name[:40]) for name in bad[:5]) + (", ..." if len(bad) > 5 else "")
+            self._reject(f"{len(bad)} field(s) of a wrong type or out of range left out: {shown}")
+        return state.model_dump(exclude_none=True)
+
+    def _reject(self, why: str) -> None:
+        aside = self.path.with_name(self.path.name + REJECTED_SUFFIX)
+        try:
+            os.replace(self.path, aside)
+        except OSError as e:
+            aside = Path(f"(not set aside: {e.strerror})")
+        self._self.problem("progress", "state", f"{self.path}: {why} (the file as it was: {aside})", expected=True)
 
     def _save(self) -> None:
         try:
