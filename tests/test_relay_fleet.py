@@ -29,6 +29,8 @@ from conftest import (
     wait_for,
 )
 from helpers import robot_target
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.config import MiB, Target, parse_config
 from verl_exporter.relay.format import DINGTALK_MAX_BODY, WECOM_MAX_CONTENT, format_messages
@@ -255,3 +257,38 @@ def test_4096_ranks_down_through_a_real_alertmanager_reach_both_robots_as_one_me
             relay.stop(drain_seconds=1)
         dt.stop()
         wc.stop()
+
+
+def test_a_label_with_thousands_of_digits_is_listed_as_text_not_converted():
+    # int() refuses more than 4,300 digits: one such label lost the whole webhook (500 on every retry)
+    long = "7" * 4400
+    ordinary = [Alert("firing", {"alertname": "VerlGPULost", "severity": "critical", "rank": str(i)}, {},
+                      datetime(2026, 1, 1, tzinfo=timezone.utc), None, "", f"gpu{i}") for i in range(3)]
+    alerts, merged = summarise(ordinary + [down(i, shard=f"m{long}{i}") for i in range(SUMMARY_MIN)])
+    assert merged == SUMMARY_MIN and alerts[:3] == ordinary
+    assert "shards m7777" in alerts[3].annotations["description"]
+    for message in format_messages(alerts, robot("wecom")):
+        assert len(message.payload["markdown"]["content"].encode()) <= WECOM_MAX_CONTENT["markdown"]
+    for digits in (long, "0" * 5000 + "1"):
+        assert compact([digits, digits + "0", "a" + digits]).endswith("+2 more")
+    assert compact([str(10**19 + i) for i in range(3)]) == "10000000000000000000–10000000000000000002"
+    assert compact(["9" * 21, "9" * 21 + "0"]) == "999999999999999999999, 9999999999999999999990"  # text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(st.sampled_from("0123456789a:{}–,"), max_size=60), min_size=1, max_size=40))
+def test_compact_takes_any_values(values):
+    text = compact(sorted(set(values)))
+    assert len(text) <= 2 * 160 + 100
+
+
+def test_a_summary_of_mixed_severities_takes_the_highest():
+    members = [down(i, severity="warning") for i in range(SUMMARY_MIN - 1)] + [down(99, severity="critical")]
+    (summary,), _ = summarise(members)
+    assert summary.labels["severity"] == "critical"
+    info = [down(i, severity="info") for i in range(SUMMARY_MIN)] + [down(99, severity="warning")]
+    assert summarise(info)[0][0].labels["severity"] == "warning"
+    odd = [down(i, severity="whatever") for i in range(SUMMARY_MIN)]
+    assert summarise(odd)[0][0].labels["severity"] == "whatever"  # one shared value is kept as it is
+    unknown = [down(i, severity=s) for i, s in enumerate(["bogus", "warning"] * (SUMMARY_MIN // 2))]
+    assert summarise(unknown)[0][0].labels["severity"] == "warning"

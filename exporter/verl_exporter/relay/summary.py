@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..spec.rules import SEVERITIES
 from .payload import Alert
 
 SUMMARY_MIN = 32  # alerts of one name in one webhook that become a summary: more than one WeCom message lists
@@ -63,6 +64,10 @@ def summary_alert(members: Sequence[Alert], truncated: int = 0) -> Alert:
     """One alert standing for members (one alertname and status) and `truncated` more that were not sent."""
     first = members[0]
     common = {k: v for k, v in first.labels.items() if all(m.labels.get(k) == v for m in members[1:])}
+    ident = json.dumps([first.status, sorted(common.items())], ensure_ascii=False)  # before the severity
+    highest = _highest_severity(m.severity for m in members)
+    if highest:  # one critical among warnings makes the summary critical: its colour, mentions and routing
+        common["severity"] = highest
     total = len(members) + truncated
     summary = _common(m.annotations.get("summary", "") for m in members)
     lines = []
@@ -82,11 +87,17 @@ def summary_alert(members: Sequence[Alert], truncated: int = 0) -> Alert:
     if runbook:
         annotations["runbook_url"] = runbook
     resolved = [m.ends_at for m in members if m.ends_at is not None]
-    ident = json.dumps([first.status, sorted(common.items())], ensure_ascii=False)
     return Alert(first.status, common, annotations, min(m.starts_at for m in members),
                  max(resolved) if first.status == "resolved" and resolved else None,
                  _common(m.generator_url for m in members),
                  "summary-" + hashlib.sha256(ident.encode()).hexdigest()[:16])
+
+
+def _highest_severity(values: Iterable[str]) -> str:
+    """The highest of the pack's severities among values; the one value when all share it; else ""."""
+    distinct = set(values)
+    known = [s for s in SEVERITIES if s in distinct]  # SEVERITIES is highest first
+    return known[0] if known else _common(distinct)
 
 
 def _common(values: Iterable[str]) -> str:
@@ -95,10 +106,15 @@ def _common(values: Iterable[str]) -> str:
 
 
 def _plural(label: str) -> str:
+    if label.endswith("y") and label[-2:-1] not in ("a", "e", "o", "u", ""):
+        return label[:-1] + "ies"  # severities
     return label + ("es" if label.endswith(("s", "x", "ch", "sh")) else "s")
 
 
-_DIGITS = re.compile(r"(\d+)")
+# A digit run is a number only up to 20 digits (any 64-bit integer); a longer one stays text: int() refuses
+# more than 4,300 digits (one such label lost the whole webhook) and costs quadratic time below that.
+MAX_NUMBER_DIGITS = 20
+_DIGITS = re.compile(rf"(?<!\d)(\d{{1,{MAX_NUMBER_DIGITS}}})(?!\d)")
 
 
 @dataclass(frozen=True)
