@@ -66,6 +66,19 @@ def test_mentions_are_the_relays_only_and_an_alert_cannot_inject_one():
     assert text.payload["msg_type"] == "text" and text.text.endswith('<at user_id="ou_3f2a"></at>')
 
 
+def test_a_summary_of_31_warnings_and_1_critical_is_red_and_mentions():
+    members = [alert("warning", i=i) for i in range(31)] + [alert("critical", i=31)]
+    summary, merged = summarise(members)
+    assert merged == 32
+    (msg,) = format_messages(summary, lark(mention_userids=["ou_3f2a"]))
+    assert msg.payload["card"]["header"]["template"] == "red"
+    assert "critical" in msg.payload["card"]["header"]["title"]["content"]
+    assert msg.text.endswith("<at id=ou_3f2a></at>")
+    quiet, _ = summarise([alert("warning", i=i) for i in range(32)])  # all warnings: no one is rung
+    (msg,) = format_messages(quiet, lark(mention_userids=["ou_3f2a"]))
+    assert "<at " not in msg.text and msg.payload["card"]["header"]["template"] != "red"
+
+
 def test_a_fleet_wide_page_is_split_under_20_kb_even_once_signed():
     alerts = [alert(i=i, description="x" * 300) for i in range(400)]
     messages = format_messages(alerts, lark())
