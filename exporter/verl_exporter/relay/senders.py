@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote, quote_plus, urlencode
 
+from ..exposition.selfmetrics import one_line
 from .config import TOKEN_PARAM, Target
 from .nofollow import OPENER
 
@@ -150,22 +151,30 @@ class RobotSender:
         return self._classify(raw)
 
     def _classify(self, raw: bytes) -> SendResult:
+        """The robot's answer, outside input: JSON with an integer errcode (code for Lark), or a bad answer,
+        retried as any other. An errcode the relay does not know is counted as "other" (a bounded label)."""
+        kind = self.target.type
         try:
             doc = json.loads(raw)
-            if self.target.type == "lark":  # {"code", "msg"}; older deployments answer {"StatusCode", ...}
-                errcode = int(doc.get("code", doc.get("StatusCode", -999)))
-                errmsg = str(doc.get("msg", doc.get("StatusMessage", "")))[:200]
-            else:
-                errcode = int(doc.get("errcode", -999))
-                errmsg = str(doc.get("errmsg", ""))[:200]
-        except (ValueError, TypeError, AttributeError):
-            return SendResult(False, True, "bad_response", "the robot's answer is not JSON with an errcode")
+        except (ValueError, RecursionError):  # not JSON, an int of 4,300+ digits, nested past the decoder
+            doc = None
+        if isinstance(doc, dict) and kind == "lark":  # {"code", "msg"}; older deployments {"StatusCode", ...}
+            errcode, errmsg = doc.get("code", doc.get("StatusCode")), doc.get("msg", doc.get("StatusMessage", ""))
+        elif isinstance(doc, dict):
+            errcode, errmsg = doc.get("errcode"), doc.get("errmsg", "")
+        else:
+            errcode = errmsg = None
+        # an errcode is a JSON integer: not a bool, a float (0.5 is no success, 1e999 no int), a string or null
+        if isinstance(errcode, bool) or not isinstance(errcode, int) or abs(errcode) >= 2**63:
+            return SendResult(False, True, "bad_response", "the robot's answer is not JSON with an integer errcode")
         if errcode == 0:
             return SendResult(True, False, "0", "ok")
-        kind = self.target.type
         retryable = errcode in RETRYABLE_ERRCODES[kind]
+        known = retryable or errcode in KNOWN_ERRCODES[kind]
         meaning = RETRYABLE_ERRCODES[kind].get(errcode) or KNOWN_ERRCODES[kind].get(errcode, "unknown errcode")
-        return SendResult(False, retryable, str(errcode), self._scrub(f"errcode {errcode} ({meaning}): {errmsg}"),
+        said = one_line(errmsg if isinstance(errmsg, str) else json.dumps(errmsg)[:400], 200)
+        return SendResult(False, retryable, str(errcode) if known else "other",
+                          self._scrub(f"errcode {errcode} ({meaning}): {said}"),
                           rate_limited=errcode in RATE_LIMIT_ERRCODES[kind])
 
     def _scrub(self, text: str) -> str:
