@@ -35,7 +35,7 @@ from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.config import MiB, Target, parse_config
 from verl_exporter.relay.format import DINGTALK_MAX_BODY, WECOM_MAX_CONTENT, format_messages
 from verl_exporter.relay.payload import Alert, parse_alert
-from verl_exporter.relay.summary import SUMMARY_MIN, compact, summarise, weight
+from verl_exporter.relay.summary import COUNT, SUMMARY_MIN, compact, summarise, weight
 
 AM_CONFIG = REPO / "alertmanager" / "alertmanager.yml"
 TOKEN, SECRET, WKEY = "dt-token-fleet-3c8a", "SECdt-secret-fleet-71fe", "wecom-key-fleet-2d90"
@@ -292,3 +292,10 @@ def test_a_summary_of_mixed_severities_takes_the_highest():
     assert summarise(odd)[0][0].labels["severity"] == "whatever"  # one shared value is kept as it is
     unknown = [down(i, severity=s) for i, s in enumerate(["bogus", "warning"] * (SUMMARY_MIN // 2))]
     assert summarise(unknown)[0][0].labels["severity"] == "warning"
+
+
+def test_the_count_of_a_summary_read_back_is_bounded():
+    for count, want in (("1" * 4000, 1), ("9" * 10, 1), ("-5", 1), ("٣", 1), ("12", 12), ("0", 1)):
+        forged = Alert("firing", {"alertname": "A"}, {COUNT: count}, datetime(2026, 1, 1, tzinfo=timezone.utc),
+                       None, "", "summary-0123")
+        assert weight(forged) == want

@@ -25,7 +25,16 @@ from verl_exporter.relay.app import Relay, RelayApp
 from verl_exporter.relay.config import parse_config
 from verl_exporter.relay.dispatch import Dispatcher
 from verl_exporter.relay.metrics import RelayMetrics
-from verl_exporter.relay.payload import EARLIEST, LATEST, REASONS, REPAIRS, ZERO_TIME, PayloadError, parse_payload
+from verl_exporter.relay.payload import (
+    EARLIEST,
+    LATEST,
+    MAX_TRUNCATED_ALERTS,
+    REASONS,
+    REPAIRS,
+    ZERO_TIME,
+    PayloadError,
+    parse_payload,
+)
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -278,3 +287,20 @@ def test_arbitrary_webhooks_never_500_and_every_accepted_alert_arrives_once(live
     assert m.value("verl_relay_alerts_total", target="dt", result="failed") == 0
     assert m.value("verl_relay_alerts_total", target="dt", result="unrenderable") == 0
     assert not tracebacks
+
+
+def _truncated(n) -> bytes:
+    return json.dumps({"version": "4", "status": "firing", "receiver": "r", "truncatedAlerts": n,
+                       "alerts": [{"status": "firing", "labels": {"alertname": "A"},
+                                   "startsAt": "2026-01-02T03:04:05Z"}]}).encode()
+
+
+@pytest.mark.parametrize("n", [10**30, MAX_TRUNCATED_ALERTS + 1, -1, 1.5, "5", True])
+def test_a_truncated_count_no_alertmanager_sends_is_refused(n):
+    with pytest.raises(PayloadError) as e:
+        parse_payload(_truncated(n))
+    assert any("truncatedAlerts" in p for p in e.value.problems)
+
+
+def test_a_fleet_sized_truncated_count_is_taken():
+    assert parse_payload(_truncated(MAX_TRUNCATED_ALERTS)).truncated_alerts == MAX_TRUNCATED_ALERTS

@@ -27,16 +27,17 @@ COUNT = "verl_relay_alerts"  # the annotation holding how many alerts a summary 
 LIST_CHARS = 160  # per listed label: the description stays within format's caps (800, 200 when shrunk)
 LISTED = ("rank", "instance", "run")  # first, in this order; then the other labels that vary
 MAX_LISTS = 5
+MAX_WEIGHT_DIGITS = 9  # a summary stands for fewer than 10**9 alerts (truncatedAlerts is at most 10**7)
 
 
 def weight(alert: Alert) -> int:
     """How many alerts this one stands for: a summary's count, else 1."""
     if not alert.fingerprint.startswith("summary-"):
         return 1
-    try:
-        return max(int(alert.annotations.get(COUNT, "1")), 1)
-    except ValueError:
+    count = alert.annotations.get(COUNT, "1")  # read back from the journal or spool, or sent by anyone
+    if not (count.isascii() and count.isdigit() and len(count) <= MAX_WEIGHT_DIGITS):
         return 1
+    return max(int(count), 1)
 
 
 def summarise(alerts: Sequence[Alert], truncated: int = 0) -> tuple[list[Alert], int]:
