@@ -5,7 +5,8 @@ With ``actor_rollout_ref.rollout.prometheus.enable`` verl rewrites the prometheu
 writes ``<--file-sd DIR>/rollout-<run>.json`` atomically (engine_file_sd): the servers
 labelled with the run (the join with the training series) and --rollout-engine (which the alerts select on).
 
-A missing file, YAML that does not parse, or one without the rollout job's targets is counted
+A target that is not a host:port string is left out; it, a missing file, YAML that does not parse, or one
+without the rollout job's targets is counted
 (``verl_exporter_source_errors_total{component="engines_sd"}``) and logged once per change of the file; the last
 good entry stays, so the servers do not leave discovery while verl rewrites its file (a dead one is
 VerlRolloutEngineDown's).
@@ -30,19 +31,38 @@ COMPONENT = "engines_sd"
 VERL_ROLLOUT_JOB = "rollout"  # verl/workers/rollout/utils.py update_prometheus_config
 
 
-def engine_file_sd(verl_config: dict[str, Any], run: str, engine: str) -> list[dict[str, Any]]:
-    """file_sd entries for the servers of the prometheus.yml verl writes, labelled with the run (so the engine
-    series join the run's training series) and the engine (which the engine alerts select on)."""
-    if engine not in SCRAPED_FROM:  # the engines verl's rollout knows: actor_rollout_ref.rollout.name
-        raise ValueError(f"engine must be one of {SCRAPED_FROM}, not {engine!r}")
+# A target as Prometheus takes it: host:port, the host a DNS name, an IPv4 address or a bracketed IPv6 one.
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\])"
+_TARGET = re.compile(rf"{_HOST}:([0-9]{{1,5}})")
+
+
+def is_target(value: Any) -> bool:
+    """A host:port string with a port of 1-65535: no scheme, path, whitespace or newline."""
+    if not isinstance(value, str):
+        return False
+    match = _TARGET.fullmatch(value)
+    return match is not None and 1 <= int(match.group(1)) <= 65535
+
+
+def rollout_targets(verl_config: Any) -> list[Any]:
+    """The targets of verl's rollout job in a prometheus.yml, as written: anything may stand where one belongs."""
 
     def items(value: Any, key: str) -> list[Any]:  # a file written by hand may hold anything where a list belongs
         found = value.get(key) if isinstance(value, dict) else None
         return found if isinstance(found, list) else []
 
-    targets = [str(t) for job in items(verl_config, "scrape_configs")
-               if isinstance(job, dict) and job.get("job_name") == VERL_ROLLOUT_JOB
-               for static in items(job, "static_configs") for t in items(static, "targets")]
+    return [t for job in items(verl_config, "scrape_configs")
+            if isinstance(job, dict) and job.get("job_name") == VERL_ROLLOUT_JOB
+            for static in items(job, "static_configs") for t in items(static, "targets")]
+
+
+def engine_file_sd(verl_config: Any, run: str, engine: str) -> list[dict[str, Any]]:
+    """file_sd entries for the servers of the prometheus.yml verl writes, labelled with the run (so the engine
+    series join the run's training series) and the engine (which the engine alerts select on). Only host:port
+    targets are taken (null became "None", a URL or a newline went to Prometheus as written)."""
+    if engine not in SCRAPED_FROM:  # the engines verl's rollout knows: actor_rollout_ref.rollout.name
+        raise ValueError(f"engine must be one of {SCRAPED_FROM}, not {engine!r}")
+    targets = [t for t in rollout_targets(verl_config) if is_target(t)]
     return [{"targets": targets, "labels": {"run": run, "rollout_engine": engine}}] if targets else []
 
 
@@ -73,10 +93,15 @@ class EnginesSd:
         self._seen = seen
         try:
             doc, _ = read_yaml(self.source)
-            entry = engine_file_sd(doc, self.run, self.engine) if isinstance(doc, dict) else []
         except (FileError, OSError) as e:
             self._problem(COMPONENT, "unreadable", f"{self.source}: {e}", expected=True)
             return False
+        entry = engine_file_sd(doc, self.run, self.engine)
+        bad = [t for t in rollout_targets(doc) if not is_target(t)]
+        if bad:
+            shown = ", ".join(repr(t)[:60] for t in bad[:3]) + (", ..." if len(bad) > 3 else "")
+            self._problem(COMPONENT, "bad_target", f"{self.source}: {len(bad)} target(s) of verl's rollout job "
+                          f"that are not host:port left out: {shown}", expected=True)
         if not entry:
             self._problem(COMPONENT, "no_targets", f"{self.source} has no targets of verl's rollout job",
                           expected=True)
