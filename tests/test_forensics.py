@@ -13,6 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from verl_exporter.core.verdict import (
     flight_recorder_verdict,
     merge,
@@ -340,3 +342,77 @@ def test_a_sidecar_in_the_trainers_tree_does_not_dump_itself(tmp_path, sleeper):
 
     pids = [p.pid for p in targets(os.getppid())]  # this test's parent: its tree holds this process
     assert os.getpid() not in pids and os.getppid() in pids
+
+
+# ---------------------------------------------------------------- capture files as hostile input
+def _good_capture(tmp_path, host="node0", ranks=("0", "1")):
+    doc = {"host": host, "time": 1, "processes": [{"rank": r, "threads": [thread(*COLLECTIVE)]} for r in ranks]}
+    (tmp_path / f"capture-{host}.json").write_text(json.dumps(doc))
+
+
+BAD_CAPTURES = {
+    "deep": "[" * 100000 + "]" * 100000,
+    "deep_object": '{"processes": ' + "[" * 100000 + "]" * 100000 + "}",
+    "not_json": "{not json",
+    "a_list": "[1, 2]",
+    "huge_int": '{"time": ' + "9" * 5000 + "}",
+    "not_utf8": "\udcff",
+}
+
+
+def test_a_deeply_nested_or_broken_capture_is_one_line_and_the_verdict_is_still_given(tmp_path, capsys):
+    from verl_exporter.cli import main
+
+    _good_capture(tmp_path)
+    for name, text in BAD_CAPTURES.items():
+        (tmp_path / f"capture-{name}.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert main(["forensics", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("all ranks 0-1 wait in all_reduce")
+    lines = err.strip().splitlines()
+    assert len(lines) == len(BAD_CAPTURES) and "Traceback" not in err
+    for name in BAD_CAPTURES:
+        assert sum(f"capture-{name}.json" in line for line in lines) == 1
+
+
+ODD_PROCESSES = [None, 5, "x", [], {"rank": [1], "threads": 3}, {"rank": {"a": 1}, "threads": {"frames": 1}},
+                 {"rank": "9" * 5000, "threads": [{"frames": 7}]}, {"rank": True, "threads": [{"frames": [5, None]}]},
+                 {"rank": 1e400, "pid": [], "threads": [{"thread_name": "MainThread", "frames": [{"name": []}]}]}]
+
+
+@pytest.mark.parametrize("odd", ODD_PROCESSES)
+def test_a_capture_of_odd_values_costs_only_itself(tmp_path, odd):
+    doc = {"host": "node0", "time": "yesterday", "processes": [odd, {"rank": "0", "threads": [thread(*COLLECTIVE)]}]}
+    other = {"host": [1], "run": {"a": 1}, "time": [2], "processes": {"rank": "1"}}
+    (tmp_path / "capture-a.json").write_text(json.dumps(doc))
+    (tmp_path / "capture-b.json").write_text(json.dumps(other))
+    text = verdict(merge(read_captures([str(tmp_path)])))
+    assert "in all_reduce" in text and len(text) <= 600
+
+
+def test_odd_flight_recorder_dumps_are_skipped(tmp_path):
+    for rank, last in enumerate([5, 4]):
+        (tmp_path / f"fr_rank_{rank}.json").write_text(json.dumps(fr_dump(*range(1, last + 1))))
+    (tmp_path / "fr_rank_2.json").write_text("[" * 100000 + "]" * 100000)
+    (tmp_path / "fr_rank_3.json").write_text(json.dumps({"entries": [{"collective_seq_id": "x"},
+                                                                     {"collective_seq_id": None}, 5]}))
+    (tmp_path / "fr_rank_4.json").write_text(json.dumps({"entries": [{"collective_seq_id": 1e300}]}))
+    dumps = read_flight_recorder(str(tmp_path / "fr_rank_"))
+    assert "rank 1 never did" in (flight_recorder_verdict(dumps) or "")
+
+
+_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(10**30), 10**30), st.floats(), st.text(max_size=8)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["processes", "threads", "frames", "rank", "pid", "host", "run", "time", "name",
+                         "module", "filename", "short_filename", "thread_name", "entries", "collective_seq_id"]),
+        inner, max_size=4), max_leaves=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_values, max_size=4))
+def test_any_capture_documents_give_a_verdict_without_raising(docs):
+    captures = [d for d in docs if isinstance(d, dict)]
+    text = verdict(merge(captures))
+    assert isinstance(text, str) and len(text) <= 600
+    flight_recorder_verdict({i: d for i, d in enumerate(captures)})

@@ -446,15 +446,19 @@ COMMANDS = {"serve": cmd_serve, "spec": cmd_spec, "generate": cmd_generate, "dem
 
 def cmd_forensics(args) -> int:
     from .core.verdict import flight_recorder_verdict, merge, read_captures, read_flight_recorder, verdict
+    from .exposition.selfmetrics import one_line
 
-    captures = read_captures(args.paths)
+    errors: list[str] = []  # one line per file that is no capture: the others still make the verdict
+    captures = read_captures(args.paths, errors)
+    dumps = read_flight_recorder(args.flight_recorder, errors) if args.flight_recorder else {}
+    for line in errors:
+        print(f"verl-exporter forensics: skipped {one_line(line)}", file=sys.stderr)
     if not captures:
         print(f"no capture-*.json in {', '.join(args.paths)}", file=sys.stderr)
         return 1
     processes = merge(captures)
     out = {"verdict": verdict(processes), "captures": len(captures), "processes": len(processes),
-           "flight_recorder": flight_recorder_verdict(read_flight_recorder(args.flight_recorder))
-           if args.flight_recorder else None}
+           "flight_recorder": flight_recorder_verdict(dumps) if args.flight_recorder else None}
     if args.json:
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:

@@ -12,13 +12,14 @@ them on documents.
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from .atomicfile import glob_escape
+from .models import FileError, read_json
 
 # Where a rank that waits for its peers sits: torch.distributed's Python layer (every collective, barrier and
 # Work.wait passes through it) and the p2p helpers.
@@ -26,6 +27,43 @@ _WAITING_FILES = ("torch/distributed/",)
 MAX_VERDICT_CHARS = 600  # a robot message line, not a report: the full stacks stay in the files
 
 Doc = dict[str, Any]  # a JSON object as read: a capture, a process, a thread, a frame, a dump
+MAX_LABEL_CHARS = 64  # a rank, host or run name; a longer one is not one the sidecar wrote
+MAX_NUMBER_DIGITS = 20  # a rank read as a number: int() of thousands of digits raises (or takes quadratic time)
+
+
+# ---------------------------------------------------------------- what a capture may hold
+# Capture files are read back from a shared folder, py-spy's answers from the processes: anything may stand
+# where a list, an object or a name belongs. Each wrong part is left out; the rest of the verdict stands.
+def _text(value: Any) -> str | None:
+    """A name (rank, host, run) as text, or None: only a short string or an integer is a name."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    text = value if isinstance(value, str) else str(value) if abs(value) < 10**MAX_NUMBER_DIGITS else ""
+    return text if 0 < len(text) <= MAX_LABEL_CHARS and text.isprintable() else None
+
+
+def _dicts(value: Any) -> list[Doc]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _process(process: Any) -> Doc | None:
+    """A captured process with only what the verdict reads, each of the right kind; None when not an object."""
+    if not isinstance(process, dict):
+        return None
+    threads = [{**t, "frames": _dicts(t.get("frames"))} for t in _dicts(process.get("threads"))]
+    return {**process, "rank": _text(process.get("rank")), "pid": _text(process.get("pid")), "threads": threads}
+
+
+def _time(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else 0.0
+
+
+def _capture(doc: Doc) -> Doc:
+    processes = [p for p in map(_process, doc.get("processes") or []) if p] \
+        if isinstance(doc.get("processes"), list) else []
+    return {**doc, "host": _text(doc.get("host")), "run": _text(doc.get("run")), "rank": _text(doc.get("rank")),
+            "time": _time(doc.get("time")), "processes": processes}
 
 
 def python_frames(thread: Doc) -> list[Doc]:
@@ -76,8 +114,12 @@ def _label(process: Doc) -> str:
 def ranges(labels: Iterable[str]) -> str:
     """'0-6, 9' from ranks 0..6 and 9 (labels that are not numbers follow, as they are)."""
     labels = list(labels)  # read twice below
-    numbers = sorted({int(x) for x in labels if str(x).isdigit()})
-    others = sorted({x for x in labels if not str(x).isdigit()})
+
+    def number(x: str) -> bool:
+        return x.isascii() and x.isdigit() and len(x) <= MAX_NUMBER_DIGITS
+
+    numbers = sorted({int(x) for x in labels if number(str(x))})
+    others = sorted({x for x in labels if not number(str(x))})
     parts: list[tuple[int, int]] = []
     for n in numbers:
         if parts and parts[-1][1] == n - 1:
@@ -92,6 +134,7 @@ def verdict(processes: list[Doc]) -> str:
     """One line: the ranks grouped by where they are, the biggest group first, then the odd ones out."""
     groups: dict[str, tuple[str, list[str]]] = {}
     failed: list[str] = []
+    processes = [p for p in map(_process, processes) if p]
     if any(p.get("rank") is not None for p in processes):  # a launcher or a Ray helper is in the file, not here
         processes = [p for p in processes if p.get("rank") is not None]
     for p in processes:
@@ -126,51 +169,71 @@ def merge(captures: Iterable[Doc]) -> list[Doc]:
     """The processes of several sidecars' captures (one per host or rank): the latest capture of each source
     counts, and a rank seen in two counts once (its latest)."""
     latest: dict[tuple[object, object, object], Doc] = {}
-    for c in captures:
-        source = (c.get("host"), c.get("run"), c.get("rank"))
-        if source not in latest or float(c.get("time") or 0) > float(latest[source].get("time") or 0):
+    for c in map(_capture, captures):
+        source = (c["host"], c["run"], c["rank"])
+        if source not in latest or c["time"] > latest[source]["time"]:
             latest[source] = c
     by_rank: dict[object, Doc] = {}
-    for c in sorted(latest.values(), key=lambda c: float(c.get("time") or 0)):
-        for p in c.get("processes") or []:
+    for c in sorted(latest.values(), key=lambda c: c["time"]):
+        for p in c["processes"]:
             key = p.get("rank") if p.get("rank") is not None else (c.get("host"), p.get("pid"))
             by_rank[key] = p
     return list(by_rank.values())
 
 
-def read_captures(paths: Iterable[str]) -> list[Doc]:
-    """Every capture document in these files or folders (a shared forensics directory); unreadable files skipped."""
+def read_captures(paths: Iterable[str], errors: list[str] | None = None) -> list[Doc]:
+    """Every capture document in these files or folders (a shared forensics directory); a file that cannot be
+    one (unreadable, too large, not JSON, nested past the decoder, not an object) is skipped with one line in
+    errors."""
     out = []
     for path in paths:
         p = Path(path)
         for f in sorted(p.glob("capture-*.json")) if p.is_dir() else [p]:
-            try:
-                doc = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(doc, dict):
+            doc = _read(f, errors)
+            if doc is not None:
                 out.append(doc)
     return out
 
 
+def _read(path: Path, errors: list[str] | None) -> Doc | None:
+    try:
+        doc = read_json(path, MAX_DUMP_BYTES)
+    except FileNotFoundError:
+        problems = ["no such file"]
+    except FileError as e:
+        problems = e.problems
+    else:
+        if isinstance(doc, dict):
+            return doc
+        problems = ["not a JSON object"]
+    if errors is not None:
+        errors.append(f"{path}: {'; '.join(problems)}")
+    return None
+
+
 # ---------------------------------------------------------------- NCCL Flight Recorder
 MAX_DUMP_BYTES = 64 * 1024 * 1024
-def read_flight_recorder(prefix: str) -> dict[int, Doc]:
+
+
+def read_flight_recorder(prefix: str, errors: list[str] | None = None) -> dict[int, Doc]:
     """{rank: dump} of the JSON dumps at a path prefix (``<prefix><rank>``, as torch names them). Pickle dumps
-    are not loaded: unpickling a file runs what it says."""
+    are not loaded: unpickling a file runs what it says. A file that is no dump is skipped (a line in errors)."""
     p = Path(prefix)
     out: dict[int, Doc] = {}
     for f in sorted(p.parent.glob(glob_escape(p.name) + "*")):
-        digits = re.search(r"(\d+)(\.json)?$", f.name)
+        digits = re.search(r"(?<!\d)(\d{1,9})(\.json)?$", f.name)
         if not digits or not f.is_file():
             continue
-        try:
-            doc = json.loads(f.read_bytes()[:MAX_DUMP_BYTES])
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict):
+        doc = _read(f, errors)
+        if doc is not None:
             out[int(digits.group(1))] = doc
     return out
+
+
+def _seq(entry: Any) -> int | None:
+    value = entry.get("collective_seq_id") if isinstance(entry, dict) else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return value if ok else None
 
 
 def flight_recorder_verdict(dumps: dict[int, Doc]) -> str | None:
@@ -184,11 +247,11 @@ def flight_recorder_verdict(dumps: dict[int, Doc]) -> str | None:
     """
     reached: dict[int, tuple[int, str]] = {}
     for rank, dump in dumps.items():
-        entries = [e for e in dump.get("entries") or [] if isinstance(e, dict) and "collective_seq_id" in e]
+        entries = [e for e in _dicts(dump.get("entries")) if _seq(e) is not None]
         if not entries:
             continue
-        last = max(entries, key=lambda e: int(e["collective_seq_id"]))
-        reached[rank] = (int(last["collective_seq_id"]), str(last.get("profiling_name", "?")))
+        last = max(entries, key=lambda e: _seq(e) or 0)
+        reached[rank] = (_seq(last) or 0, str(last.get("profiling_name", "?"))[:MAX_LABEL_CHARS])
     if len(reached) < 2:
         return None
     top = max(seq for seq, _ in reached.values())
