@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..core.atomicfile import write_atomic
+from ..core.models import read_json
 from ..exposition.selfmetrics import SelfMetric
 from .config import RelayConfig, Target, zone
 from .format import Message, pack, unrenderable
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 # Alerts considered per message: enough to fill the biggest message in one-line form, cheap to render.
 MAX_BATCH = 400
 SPOOL_PREFIX = "relay-spool-"
+MAX_SPOOL_BYTES = 1024**3  # refuses /dev/zero, not a spool: 10,000 queued alerts per target are ~40 MB
 
 
 class QueueFull(Exception):
@@ -484,14 +487,15 @@ class Dispatcher:
         loaded = 0
         for path in paths:
             try:
-                doc = json.loads(path.read_text(encoding="utf-8"))
-                entries = doc["alerts"]
-                if doc.get("version") != 1 or not isinstance(entries, list):
+                doc = read_json(path, MAX_SPOOL_BYTES)  # a FIFO is refused, not opened: it would block the start
+                entries = doc["alerts"] if isinstance(doc, dict) else None
+                if not isinstance(doc, dict) or doc.get("version") != 1 or not isinstance(entries, list):
                     raise ValueError("not a version 1 spool")
-            except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            except (OSError, ValueError, KeyError, TypeError) as e:  # FileError is a ValueError
                 self.metrics.inc(SPOOL_ERRORS, operation="read")
                 log.error("spool file %s cannot be read (%s); renamed to .bad", path.name, e)
-                path.rename(path.with_suffix(".bad"))
+                with contextlib.suppress(OSError):  # it is not read again either way: it is not a spool
+                    path.rename(path.with_suffix(".bad"))
                 continue
             for entry in entries:
                 loaded += self._requeue(path.name, entry, now)

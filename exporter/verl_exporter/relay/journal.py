@@ -158,6 +158,29 @@ class Entry:
     alert: dict[str, Any]
 
 
+CLOCK_SLACK_S = 60.0  # a recorded attempt may lie this far ahead of the clock (a clock stepped back a little)
+
+
+def _id(value: Any) -> int:
+    """A journal id as the relay writes it: a JSON integer, 0 to 2**53 (not a bool, a float or a string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
+        raise ValueError("not a journal id")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a name")
+    return value
+
+
+def _time(value: Any, latest: float) -> float:
+    """A recorded wall time: a finite number from 0 to latest."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= latest:
+        raise ValueError("not a time")  # NaN fails the comparison too
+    return float(value)
+
+
 class Journal:
     def __init__(self, spool_dir: Path, metrics: RelayMetrics, window: float):
         self.path = spool_dir / JOURNAL
@@ -195,21 +218,29 @@ class Journal:
             self._error("read", f"cannot read {self.path.name} ({e})")
             lines = []
         bad = 0
+        latest = time.time() + CLOCK_SLACK_S  # an attempt "in the future" would hold the robot's window for ever
         for line in lines:
             try:
                 rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError("not an object")
                 if "add" in rec:
-                    entries[int(rec["add"])] = Entry(str(rec["target"]), str(rec.get("receiver", "")),
+                    entries[_id(rec["add"])] = Entry(_name(rec["target"]), _name(rec.get("receiver", "")),
                                                      rec["alert"])
                 elif "done" in rec:
-                    for i in rec["done"]:
-                        entries.pop(int(i), None)
+                    if not isinstance(rec["done"], list):  # a string would be read digit by digit
+                        raise ValueError("done is not a list")
+                    for i in list(map(_id, rec["done"])):
+                        entries.pop(i, None)
                 elif "try" in rec:
-                    tries[int(rec["try"])] = (str(rec["target"]), float(rec["at"]))
+                    tries[_id(rec["try"])] = (_name(rec["target"]), _time(rec["at"], latest))
                 elif "full" in rec:
-                    self._full[str(rec["full"])] = max(float(rec["at"]), self._full.get(str(rec["full"]), 0.0))
+                    name = _name(rec["full"])
+                    self._full[name] = max(_time(rec["at"], latest), self._full.get(name, 0.0))
+                else:
+                    raise ValueError("no known record")
             except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-                bad += 1  # a line cut by a full disk or a crash: the rest is still good
+                bad += 1  # a line cut by a full disk or a crash, or one no relay wrote: the rest is still good
         if bad:
             self._error("read", f"{bad} unreadable line(s) in {self.path.name} skipped")
         self._next = max([*entries, *tries, 0]) + 1
