@@ -33,7 +33,7 @@ HASH_TRIES = 3  # a file that changed while hashed is hashed again this many tim
 # Temp files of write_manifest(); one left behind by a crash must not show up as an "extra file".
 _MANIFEST_TEMP_PREFIX = temp_prefix(MANIFEST_NAME)  # write_atomic's temporary file, skipped by the scan
 _MANIFEST_TEMP_SUFFIX = TEMP_SUFFIX
-_STEP_DIR = re.compile(r"global_step_([0-9]+)")
+_STEP_DIR = re.compile(r"global_step_([0-9]{1,18})")  # more digits are no step: int() refuses 4,300
 _TRACKER_MAX_BYTES = 64  # a step number is a few digits; anything longer is not a tracker we trust
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # a malformed entry is quoted in the message, shortened (a bounded depth and length, whatever the input)

@@ -291,8 +291,8 @@ def read_config_file(path: str | None) -> dict[str, Any]:
 
 
 def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "")
-    return int(value) if value.isdigit() else None
+    value = os.environ.get(name, "")  # ASCII digits only, and few: int() of 4,300 digits raises
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None
 
 
 def flag_values(parsed: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,31 @@
+"""Numbers read from outside text are bounded: int() of thousands of digits raises (Python refuses 4,300), so a
+folder name, an environment variable or a label must never reach it unbounded."""
+
+from __future__ import annotations
+
+import pytest
+from verl_exporter.checkpoint.manifest import latest_checkpoint, step_of
+
+
+def test_a_step_of_thousands_of_digits_is_no_step():
+    assert step_of("global_step_" + "9" * 5000) is None
+
+
+@pytest.mark.parametrize("name", ["global_step_" + "9" * 200, "global_step_" + "1" * 19, "global_step_٣"])
+def test_a_step_folder_with_a_number_no_step_has_is_no_step_folder(tmp_path, name):
+    assert step_of(name) is None
+    (tmp_path / name).mkdir()
+    (tmp_path / "global_step_40").mkdir()
+    assert step_of(tmp_path / "global_step_40") == 40
+    found = latest_checkpoint(tmp_path)
+    assert found is None or "global_step_40" in str(found)
+
+
+@pytest.mark.parametrize("rank", ["1" * 5000, "٣", "１"])
+def test_a_rank_of_the_environment_that_is_no_rank_is_ignored(monkeypatch, rank):
+    from verl_exporter.sidecar.config import build_config
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("LOCAL_RANK", rank)
+    config = build_config({}, {"listen": "127.0.0.1:0"})
+    assert config.rank is None and config.local_rank is None
