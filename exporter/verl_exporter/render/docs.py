@@ -41,6 +41,7 @@ def cell(text: object) -> str:
 ENV.filters["code"] = code
 ENV.filters["cell"] = cell
 ENV.filters["prose"] = prose
+ENV.filters["num"] = lambda value: f"{value:.12g}"  # reads back as the same number (bytes too)
 
 
 def fed_by(m: Any) -> str:
@@ -77,10 +78,10 @@ def knob_meaning(knob: str, alerts: dict[str, Any], spec: Spec) -> str:
 
 def knob_range(p: Param) -> str:
     if p.min is not None and p.max is not None:
-        return f"{p.min:g} to {p.max:g}"
+        return f"{p.min:.12g} to {p.max:.12g}"
     if p.min is not None:
-        return f"at least {p.min:g}"
-    return "" if p.max is None else f"at most {p.max:g}"
+        return f"at least {p.min:.12g}"
+    return "" if p.max is None else f"at most {p.max:.12g}"
 
 
 def type_text(annotation: Any) -> str:
