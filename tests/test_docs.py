@@ -16,11 +16,12 @@ import yaml
 from conftest import REPO, require_tool
 from verl_exporter.spec import load_spec
 from verl_exporter.spec.overrides import apply_overrides, parse_overrides
+from verl_exporter.tools.docs import site_config
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"
-DEMO_COMMAND = ("    sudo apt-get update && sudo apt-get install -y python3-venv prometheus prometheus-alertmanager &&\n"
-                "      python3 -m venv .venv && . .venv/bin/activate && pip install . && verl-exporter demo\n")
+DEMO_COMMAND = ("    sudo apt-get update && sudo apt-get install -y python3-venv prometheus prometheus-alertmanager "
+                "&&\n      python3 -m venv .venv && . .venv/bin/activate && pip install . && verl-exporter demo\n")
 TEST_COMMAND = "    ./scripts/test\n"
 # A fenced block the line before marks: `<!-- run -->` (a shell or Python block the tests run) or
 # `<!-- file: NAME -->` (its text is written to NAME first, for the page's run blocks to use).
@@ -84,15 +85,34 @@ def test_the_marker_finds_the_blocks_it_should():
     assert len(pages_with_runs()) >= 3
 
 
+def test_the_docs_command_finds_the_site_of_its_checkout_only(tmp_path):
+    assert site_config() == REPO / "mkdocs.yml"
+    assert site_config(tmp_path / "x") is None
+    assert yaml.safe_load((REPO / "mkdocs.yml").read_text())["strict"] is True  # `docs --build` is strict too
+
+
 @pytest.mark.integration
 def test_the_site_builds_strictly(tmp_path):
-    """mkdocs build --strict: a link to a missing page or anchor fails it (validation in mkdocs.yml)."""
-    pytest.importorskip("mkdocs")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
+    """mkdocs build --strict, as `verl-exporter docs --build` runs it: a link to a missing page or anchor fails
+    it (validation in mkdocs.yml). mkdocs-material is in the test extra: a missing one fails here."""
+    proc = subprocess.run([sys.executable, "-m", "verl_exporter", "docs", "--build", str(tmp_path / "site")],
+                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    alerts = (tmp_path / "site/reference/alerts.html").read_text()
+    assert all(f'id="{a.alert.lower()}"' in alerts for a in load_spec().alerts())
+
+
+@pytest.mark.integration
+def test_a_broken_anchor_fails_the_strict_build(tmp_path):
+    """The check itself: the same config on a copy of the pages with one anchor broken."""
+    shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(DOCS, tmp_path / "docs")
+    index = tmp_path / "docs/index.md"
+    index.write_text(index.read_text() + "\nSee [the stall](reference/alerts.md#verltrainingstaled).\n")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--config-file", str(tmp_path / "mkdocs.yml"),
                            "--site-dir", str(tmp_path / "site")], capture_output=True, text=True,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (tmp_path / "site/reference/alerts.html").read_text().count('id="verl') >= 60
+    assert proc.returncode == 1 and "#verltrainingstaled" in proc.stdout + proc.stderr
 
 
 @pytest.mark.integration
