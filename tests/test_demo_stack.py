@@ -68,8 +68,8 @@ def test_the_docs_demo_excerpt_is_what_the_demo_prints(full_demo):
     fresh = excerpt(full_demo[0])
     page = REPO / "docs/demo.md"
     if os.environ.get("VERL_EXPORTER_UPDATE_DOCS"):
-        page.write_text(with_excerpt(page.read_text(encoding="utf-8"), fresh), encoding="utf-8")
-    committed = in_page(page.read_text(encoding="utf-8"))
+        page.write_text(with_excerpt(page.read_text(encoding="utf-8"), fresh, "demo_stack"), encoding="utf-8")
+    committed = in_page(page.read_text(encoding="utf-8"), "demo_stack")
 
     def path(text):  # the stop depends on timing: the reward collapse is inhibited when the numerical one pages too
         return [k for k in kinds_in(text) if not k.startswith("stop")]
