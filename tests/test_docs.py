@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_tool
+from hypothesis import given
+from hypothesis import strategies as st
 from verl_exporter.spec import load_spec
 from verl_exporter.spec.overrides import apply_overrides, parse_overrides
 from verl_exporter.tools.docs import site_config
@@ -132,3 +134,39 @@ def test_the_examples_marked_to_run_run(page, tmp_path):
         argv = ["bash", "-euo", "pipefail", "-c", text] if lang == "bash" else [sys.executable, "-c", text]
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{page}:\n{text}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+
+
+# ------------------------------------------------------------------------------------------- the demo's excerpt
+SAMPLE = """\
+  35.6s  step 235  trainer      logs a NaN gradient norm (null in verl's log); it had been exploding for a few
+                          steps
+  35.8s  step 236  Prometheus   firing: VerlGradNormGrowing (grad_norm) warning
+  36.2s  step 238  Prometheus   firing: VerlNonFiniteGradNorm critical
+  36.3s  step 240  trainer      checkpoint requested (VerlNonFiniteGradNorm): saved global_step_240 after step
+                          240 in /tmp/verl-exporter-demo-ab12cd34/checkpoints
+
+Timeline of the live stack
+  36.9s  step 241  Prometheus   firing: VerlNonFiniteGradNorm critical
+The path: NaN logged 35.6s (step 235) → VerlNonFiniteGradNorm firing 36.2s →
+  robot message 36.2s.
+
+Backtest
+"""
+
+
+def test_the_excerpt_keeps_the_path_and_abridges_the_rest():
+    from verl_exporter.tools.docs import excerpt, kinds_in
+
+    text = excerpt(SAMPLE)
+    assert kinds_in(text) == ["nan", "firing", "checkpoint taken"]
+    assert text.splitlines()[2:4] == ["  …", "  36.2s  step 238  Prometheus   firing: VerlNonFiniteGradNorm critical"]
+    assert "<demo folder>/checkpoints" in text and "ab12cd34" not in text
+    assert text.endswith("  …\nThe path: NaN logged 35.6s (step 235) → VerlNonFiniteGradNorm firing 36.2s →\n"
+                         "  robot message 36.2s.\n")
+
+
+@given(st.text())
+def test_any_output_gives_an_excerpt(text):
+    from verl_exporter.tools.docs import excerpt
+
+    assert isinstance(excerpt(text), str) and isinstance(excerpt(text, "demo_hang"), str)
