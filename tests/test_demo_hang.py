@@ -4,14 +4,16 @@ verdict through the real Prometheus and Alertmanager."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
-from conftest import require_tool
+from conftest import REPO, require_tool
 from test_demo_stack import run_demo, unwrap
 from verl_exporter.spec import load_spec
 from verl_exporter.tools import demo_stack
+from verl_exporter.tools.docs import excerpt, in_page, kinds_in, message_of, with_excerpt
 
 
 class View:
@@ -92,3 +94,13 @@ def test_the_hang_page_carries_the_verdict_on_the_trainers_real_stacks():
     workdir = re.search(r"removed (\S+)$", text, re.M).group(1)
     assert not Path(workdir).exists()
     assert took < 120, f"the demo took {took:.0f} s"
+    # docs/demo.md shows this path as a real run printed it (VERL_EXPORTER_UPDATE_DOCS=1 rewrites it from this one)
+    fresh = excerpt(proc.stdout, "demo_hang")
+    page = REPO / "docs/demo.md"
+    if os.environ.get("VERL_EXPORTER_UPDATE_DOCS"):
+        page.write_text(with_excerpt(page.read_text(encoding="utf-8"), fresh, "demo_hang"), encoding="utf-8")
+    committed = in_page(page.read_text(encoding="utf-8"), "demo_hang")
+    assert kinds_in(committed, "demo_hang") == kinds_in(fresh, "demo_hang") == ["hang", "stalled", "stacks", "hung",
+                                                                                "page"]
+    assert [re.sub(r"\d", "0", line) for line in message_of(committed, "VerlHangForensics")] == \
+        [re.sub(r"\d", "0", line) for line in message_of(fresh, "VerlHangForensics")]

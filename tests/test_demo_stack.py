@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import require_tool
+from conftest import REPO, require_tool
 from verl_exporter.tools.demo_stack import compress_for, compress_grouping, find_programs
+from verl_exporter.tools.docs import excerpt, in_page, kinds_in, message_of, with_excerpt
 
 pytestmark = pytest.mark.integration  # starts servers or programs
 
@@ -59,6 +60,25 @@ def full_demo():
 def unwrap(text: str) -> str:
     """The demo's event lines as one line each (it wraps them under the time/step/who columns)."""
     return re.sub(r"\n {26}(?![│╭╰ ])", " ", text)
+
+
+def test_the_docs_demo_excerpt_is_what_the_demo_prints(full_demo):
+    """docs/demo.md shows a real run's excerpt: the same path, and the NaN alert's message as the robot shows it
+    today (its digits masked: times, ports, dates). VERL_EXPORTER_UPDATE_DOCS=1 rewrites it from this run."""
+    fresh = excerpt(full_demo[0])
+    page = REPO / "docs/demo.md"
+    if os.environ.get("VERL_EXPORTER_UPDATE_DOCS"):
+        page.write_text(with_excerpt(page.read_text(encoding="utf-8"), fresh, "demo_stack"), encoding="utf-8")
+    committed = in_page(page.read_text(encoding="utf-8"), "demo_stack")
+
+    def path(text):  # the stop depends on timing: the reward collapse is inhibited when the numerical one pages too
+        return [k for k in kinds_in(text) if not k.startswith("stop")]
+
+    assert path(committed) == path(fresh) == ["nan", "firing", "notified", "message", "checkpoint asked",
+                                              "checkpoint action", "checkpoint taken"]
+    assert [re.sub(r"\d", "0", line) for line in message_of(committed)] == \
+        [re.sub(r"\d", "0", line) for line in message_of(fresh)], "run: VERL_EXPORTER_UPDATE_DOCS=1 pytest -k excerpt"
+    assert "The path: NaN logged" in committed and "<demo folder>" not in message_of(committed)
 
 
 def test_the_nan_travels_the_real_path_to_a_robot_message_and_a_checkpoint(full_demo):

@@ -1,5 +1,5 @@
 """Each setting is declared once (sidecar/config.py ServeConfig): the serve flags are derived from it, and the
-README's flag table names exactly those flags."""
+flag table of the sidecar's page (docs/sidecar.md) names exactly those flags."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def serve_flags() -> set[str]:
     return one_per_setting(flags) - {"--help"}
 
 
-def readme_flags() -> set[str]:
-    text = (REPO / "README.md").read_text()
+def documented_flags() -> set[str]:
+    text = (REPO / "docs/sidecar.md").read_text()
     table = text[text.index("| flag (or `--config` YAML key) |"):]
     table = table[: table.index("\n\n")]
     return one_per_setting(re.findall(r"--[a-z][\w.-]*", table))
@@ -34,8 +34,8 @@ def test_every_setting_is_a_flag_and_every_flag_a_setting():
     assert serve_flags() == fields | {"--collector.NAME"}
 
 
-def test_the_readme_table_names_exactly_the_flags():
-    assert readme_flags() == serve_flags()
+def test_the_docs_table_names_exactly_the_flags():
+    assert documented_flags() == serve_flags()
 
 
 def test_a_flag_without_a_setting_is_an_error_not_dropped():

@@ -1,7 +1,7 @@
 """The overrides file (verl-exporter.yaml): validated with its lines, applied everywhere a knob matters.
 
 One knob must change every place it applies: the rules and their promtool tests, the Alertmanager routes,
-the PrometheusRule, the sidecar's step-domain detectors and the in-process breaker. The README's example is
+the PrometheusRule, the sidecar's step-domain detectors and the in-process breaker. The tuning page's example is
 tests/fixtures/overrides/agentic.yaml, checked here to be that file, valid, and schema-valid.
 """
 
@@ -51,9 +51,9 @@ def write(tmp_path: Path, text: str, name: str = "verl-exporter.yaml") -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- the file
-def test_the_readme_example_is_the_fixture_and_applies(spec):
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"```yaml\n(# verl-exporter.yaml for a tool-use agent run.*?)```", readme, re.S)
+def test_the_docs_example_is_the_fixture_and_applies(spec):
+    page = (REPO / "docs/tuning-and-calibrate.md").read_text()
+    block = re.search(r"```yaml\n(# verl-exporter.yaml for a tool-use agent run.*?)```", page, re.S)
     assert block and block.group(1) == AGENTIC.read_text()
     assert len(block.group(1).strip().splitlines()) <= 11  # the issue asks for about ten lines
     eff = apply_overrides(spec, load_overrides(AGENTIC))

@@ -36,6 +36,7 @@ from verl_exporter.relay.config import MiB, Target, parse_config
 from verl_exporter.relay.format import DINGTALK_MAX_BODY, WECOM_MAX_CONTENT, format_messages
 from verl_exporter.relay.payload import Alert, parse_alert
 from verl_exporter.relay.summary import COUNT, SUMMARY_MIN, compact, summarise, weight
+from verl_exporter.spec import RulesConfig
 
 AM_CONFIG = REPO / "alertmanager" / "alertmanager.yml"
 TOKEN, SECRET, WKEY = "dt-token-fleet-3c8a", "SECdt-secret-fleet-71fe", "wecom-key-fleet-2d90"
@@ -233,8 +234,7 @@ def test_4096_ranks_down_through_a_real_alertmanager_reach_both_robots_as_one_me
             "annotations": {"summary": "A verl-exporter sidecar cannot be scraped.",
                             "description": f"Prometheus has failed to scrape node{i}:9477 for 5 minutes: that "
                                            "rank is unmonitored.",
-                            "runbook_url": "https://github.com/verl-exporter/verl-exporter/blob/main/rules/"
-                                           "runbook.md#verlexporterdown"},
+                            "runbook_url": RulesConfig().runbook_link("VerlExporterDown")},
             "generatorURL": f"http://prometheus:9090/graph?g0.expr={expr}&g0.tab=1"} for i in range(RANKS)])
 
         def got(robot):

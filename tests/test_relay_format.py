@@ -26,6 +26,7 @@ from verl_exporter.relay.format import (
     safe_url,
 )
 from verl_exporter.relay.payload import Alert, PayloadError, parse_payload
+from verl_exporter.spec import RulesConfig
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
 HOSTILE = "[x](http://evil) @all **b**"
@@ -36,7 +37,7 @@ def alert(name="VerlGpuXid", severity="critical", status="firing", i=0, summary=
     lab = {"alertname": name, "severity": severity, "run": "ppo-7b", "rank": str(i), "instance": f"node{i}:9477",
            **labels}
     ann = {"summary": summary, "description": description,
-           "runbook_url": f"https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md#{name.lower()}"}
+           "runbook_url": RulesConfig().runbook_link(name)}
     ends = T0 + timedelta(minutes=12) if status == "resolved" else None
     return Alert(status, lab, ann, T0, ends, "http://prometheus:9090/graph", f"fp{name}{i}{status}")
 
@@ -170,7 +171,7 @@ def test_setext_underlines_and_rules_cannot_make_headings():
     assert escape("a\n===\n- x", multiline=True) == "a\n＝＝＝\n- x"  # a list item is left alone
 
 
-RUNBOOK = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
+RUNBOOK = RulesConfig().runbook_url  # the generated rules' runbook page
 
 
 def _runbook_link(url: str, runbook_urls=None, fmt="markdown") -> tuple[bool, str]:

@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     sch.add_argument("kind", choices=list(SCHEMAS),
                      help="; ".join(f"{kind}: {what}" for kind, (what, _) in SCHEMAS.items()))
     sch.add_argument("--spec", metavar="PATH", help="the spec whose alerts and knobs it names (default packaged)")
+
+    docs = sub.add_parser("docs", help="serve the documentation site locally (MkDocs, from a checkout; no internet "
+                                       "needed)")
+    docs.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT", help="where to serve it")
+    docs.add_argument("--build", metavar="DIR", help="write the site as static files into DIR instead")
     return parser
 
 
@@ -469,6 +474,15 @@ def cmd_forensics(args) -> int:
 
 
 COMMANDS["forensics"] = cmd_forensics
+
+
+def cmd_docs(args) -> int:
+    from .tools.docs import serve
+
+    return serve(args.listen, args.build)
+
+
+COMMANDS["docs"] = cmd_docs
 
 
 def main(argv: list[str] | None = None) -> int:

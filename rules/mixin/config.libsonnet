@@ -6,7 +6,7 @@
 {
   _config+:: {
     selector: "job=\"verl\"",
-    runbook_url: "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md",
+    runbook_url: "https://github.com/verl-exporter/verl-exporter/blob/main/docs/reference/alerts.md",
     alerts: {
       VerlTrainingStalled: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {}},
       VerlTrainingStalledRelative: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {}},

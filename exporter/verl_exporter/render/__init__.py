@@ -1,5 +1,6 @@
 """`verl-exporter generate`: render rules, promtool tests, dashboards, Alertmanager and Kubernetes files,
-the monitoring mixin, the runbook and the README's alert table from the spec. Deterministic: same spec, same bytes.
+the monitoring mixin and the documentation's reference pages (metrics, alerts with their runbook, knobs, kinds)
+from the spec. Deterministic: same spec, same bytes.
 
 May import: spec/ only. No runtime module (sidecar/, trainer/, relay/) imports render/.
 """
@@ -11,15 +12,15 @@ from pathlib import Path
 from ..spec import Spec
 from .alertmanager import render_alertmanager
 from .dashboards import render_dashboards
+from .docs import render_docs
 from .kubernetes import render_kubernetes
 from .mixin import render_mixin
 from .prometheus import render_prometheus
 from .rules import render_rules
-from .runbook import render_runbook, update_readme
 from .victoriametrics import render_victoriametrics
 
 RENDERERS = (render_rules, render_dashboards, render_alertmanager, render_kubernetes, render_prometheus,
-             render_victoriametrics, render_runbook, render_mixin)
+             render_victoriametrics, render_docs, render_mixin)
 
 
 def render_all(spec: Spec, root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -28,9 +29,6 @@ def render_all(spec: Spec, root: Path, extra: dict[str, str] | None = None) -> d
     out: dict[str, str] = dict(extra or {})
     for renderer in RENDERERS:
         out.update(renderer(spec))
-    readme = root / "README.md"
-    if readme.exists():
-        out["README.md"] = update_readme(spec, readme.read_text(encoding="utf-8"))
     return dict(sorted(out.items()))
 
 

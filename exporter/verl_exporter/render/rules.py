@@ -21,7 +21,7 @@ WINDOW_INTERVAL = "1m"
 
 
 def runbook_url(spec: Spec, alert: Alert) -> str:
-    return f"{spec.rules.runbook_url}#{alert.alert.lower()}"
+    return spec.rules.runbook_link(alert.alert)
 
 
 def alert_rule(spec: Spec, alert: Alert, keep_firing: bool = True) -> dict:

@@ -396,7 +396,10 @@ class RulesConfig(StrictModel):
     and how Alertmanager reaches the relay."""
 
     selector: str = Field(default='job="verl"', description='the label matchers of the scrape job, e.g. job="verl"')
-    runbook_url: str = "https://github.com/verl-exporter/verl-exporter/blob/main/rules/runbook.md"
+    # the alerts' reference page (docs/reference/alerts.md, one section per alert): GitHub renders it, and a
+    # published docs site gives its headings the same anchors; point it at your own site with an overrides file
+    runbook_url: str = Field(default="https://github.com/verl-exporter/verl-exporter/blob/main/docs/reference/alerts.md",
+                             description="the runbook page; #<alertname in lower case> is appended")
     evaluation_interval: str = "30s"
     relay_url: str = Field(default="http://127.0.0.1:9095", description="where Alertmanager's receivers post "
                                                                          "(verl-exporter relay)")
@@ -407,6 +410,10 @@ class RulesConfig(StrictModel):
     routing: dict[LabelName, dict[Severity, Key]] = Field(
         default_factory=dict, description="team -> severity -> receiver name (an overrides file's global.routing "
                                           "adds to it); unset: <team>-<severity>")
+
+    def runbook_link(self, alert: str) -> str:
+        """Where an alert's runbook_url annotation points: its section of the runbook page."""
+        return f"{self.runbook_url}#{alert.lower()}"
 
 
 class Defaults(StrictModel):

@@ -91,7 +91,7 @@ def group(spec: Spec, alert: AlertBase, input_series: list[dict[str, str]], sile
     annotations = {
         "summary": expand(alert.summary, value, out_labels),
         "description": expand(alert.description, value, out_labels),
-        "runbook_url": f"{spec.rules.runbook_url}#{alert.alert.lower()}",
+        "runbook_url": spec.rules.runbook_link(alert.alert),
     }
     silent = [] if silent_at is None else [{"eval_time": f"{silent_at}m", "alertname": alert.alert, "exp_alerts": []}]
     when = ("" if silent_at is None else f"silent at {silent_at}m, ") + f"firing at {fire_at}m"
