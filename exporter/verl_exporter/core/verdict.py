@@ -166,11 +166,17 @@ def read_flight_recorder(prefix: str) -> dict[int, Doc]:
             continue
         try:
             doc = json.loads(f.read_bytes()[:MAX_DUMP_BYTES])
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             continue
         if isinstance(doc, dict):
             out[int(digits.group(1))] = doc
     return out
+
+
+def _seq(entry: object) -> int | None:
+    """An entry's collective_seq_id: a JSON integer torch wrote (0 to 2**63); None for anything else."""
+    value = entry.get("collective_seq_id") if isinstance(entry, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
 
 
 def flight_recorder_verdict(dumps: dict[int, Doc]) -> str | None:
@@ -184,11 +190,12 @@ def flight_recorder_verdict(dumps: dict[int, Doc]) -> str | None:
     """
     reached: dict[int, tuple[int, str]] = {}
     for rank, dump in dumps.items():
-        entries = [e for e in dump.get("entries") or [] if isinstance(e, dict) and "collective_seq_id" in e]
+        listed = dump.get("entries")
+        entries = [(seq, e) for e in listed if (seq := _seq(e)) is not None] if isinstance(listed, list) else []
         if not entries:
             continue
-        last = max(entries, key=lambda e: int(e["collective_seq_id"]))
-        reached[rank] = (int(last["collective_seq_id"]), str(last.get("profiling_name", "?")))
+        seq, last = max(entries, key=lambda pair: pair[0])
+        reached[rank] = (seq, str(last.get("profiling_name", "?"))[:100])
     if len(reached) < 2:
         return None
     top = max(seq for seq, _ in reached.values())

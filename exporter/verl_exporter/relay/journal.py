@@ -208,7 +208,7 @@ class Journal:
                     tries[int(rec["try"])] = (str(rec["target"]), float(rec["at"]))
                 elif "full" in rec:
                     self._full[str(rec["full"])] = max(float(rec["at"]), self._full.get(str(rec["full"]), 0.0))
-            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):
                 bad += 1  # a line cut by a full disk or a crash: the rest is still good
         if bad:
             self._error("read", f"{bad} unreadable line(s) in {self.path.name} skipped")

@@ -182,13 +182,11 @@ class Forensics:
             except OSError as e:  # removed or not executable since the check
                 return {"pid": pid, "reason": "no_binary", "error": f"cannot run {binary}: {e.strerror}"}
             if done.returncode == 0 and len(done.stdout) <= MAX_OUTPUT_BYTES:
-                try:
-                    threads = json.loads(done.stdout)
-                except ValueError:
-                    error = "py-spy wrote no JSON"
+                entry = parse_dump(pid, done.stdout)
+                if "reason" in entry:
+                    error = entry["error"]
                     continue
-                return {"pid": pid, "native": bool(extra), "threads": threads,
-                        "ms": round((time.perf_counter() - started) * 1000, 1)}
+                return {**entry, "native": bool(extra), "ms": round((time.perf_counter() - started) * 1000, 1)}
             error = _first_line(done.stderr) or f"py-spy exited {done.returncode}"
             if classify(error) != "failed":
                 break  # without --native it would fail the same way
@@ -312,6 +310,21 @@ def _mtime(path: Path) -> float:
         return path.lstat().st_mtime
     except OSError:
         return float("-inf")
+
+
+def parse_dump(pid: int, stdout: bytes) -> dict[str, Any]:
+    """One process's entry from py-spy's JSON: its threads (dicts, frames a list of dicts), or why not."""
+    try:
+        threads = json.loads(stdout)
+    except (ValueError, RecursionError):
+        threads = None
+    if not isinstance(threads, list):
+        return {"pid": pid, "reason": "failed", "error": "py-spy wrote no JSON list of threads"}
+    kept = [t for t in threads if isinstance(t, dict)]
+    for t in kept:
+        frames = t.get("frames")
+        t["frames"] = [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else []
+    return {"pid": pid, "threads": kept}
 
 
 def _first_line(raw: bytes) -> str:
