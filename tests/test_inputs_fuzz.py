@@ -326,3 +326,64 @@ def test_any_serve_flags_give_a_config_or_a_usage_error(argv):
         assert e.code == 2
     except ConfigError:
         pass
+
+
+# ---------------------------------------------------------------- console logs, recorded runs, checkpoint names
+console_lines = st.lists(st.sampled_from(["step:1 - a/b:1.0", "step:2 - loss:nan - x:np.float64(2.5)",
+                                          "(TaskRunner pid=1) ",
+                                          "\x1b[36mstep:3\x1b[0m - c:True", "step:" + "9" * 5000 + " - a:1",
+                                          "a:" + "1" * 5000, "\r", "step:1"]) | st.text(max_size=30), max_size=8)
+
+
+@FUZZ
+@given(lines=console_lines)
+def test_any_console_text_gives_records_or_a_clear_error(lines):
+    from verl_exporter.sidecar.sources.console import ConsoleLogError, convert
+
+    try:
+        records = convert("\n".join(lines))
+    except ConsoleLogError:
+        return
+    assert all(isinstance(step, int) and isinstance(data, dict) for step, data in records)
+
+
+@FUZZ
+@given(lines=st.lists(file_bytes(["step", "data"]) | console_lines.map(lambda ls: "\n".join(ls).encode()),
+                      max_size=5))
+def test_any_run_file_is_read_or_refused_clearly(folder, lines):
+    from verl_exporter.tools.replay import NotAVerlLog, read_run
+
+    path = folder / "run.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    try:
+        kept, total = read_run(path)
+    except NotAVerlLog:
+        return
+    assert total >= len(kept) > 0 and all(isinstance(line["data"], dict) for line in kept)
+
+
+@FUZZ
+@given(names=st.lists(st.sampled_from(["global_step_1", "global_step_10", "global_step_" + "9" * 200,
+                                       "global_step_-1", "global_step_٣", "global_step_", "global_step_2.tmp"])
+                      | st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=20), max_size=6))
+def test_any_names_in_a_checkpoint_directory_give_its_steps_in_order(names):
+    from verl_exporter.checkpoint.manifest import find_checkpoints
+
+    with tempfile.TemporaryDirectory() as d:
+        for name in names:
+            if name not in (".", ".."):
+                os.makedirs(Path(d) / name, exist_ok=True)
+        steps = [step for step, _ in find_checkpoints(d)]
+    assert steps == sorted(steps) and all(isinstance(s, int) and s >= 0 for s in steps)
+    assert all(f"global_step_{s}" in names for s in steps)
+
+
+@FUZZ
+@given(visible=st.lists(st.sampled_from(["0", "1", "7", " 1 ", "GPU-aaaa", "gpu-b", "MIG-x", "-1", "9" * 5000, "٣",
+                                         ""]) | st.text(env_chars, max_size=8), max_size=5).map(",".join))
+def test_any_cuda_visible_devices_is_only_a_warning(visible):
+    from verl_exporter.sidecar.collectors.nvml import Gpu, parse_cuda_visible
+
+    gpus = [Gpu(i, f"GPU-{c * 8}", f"0000:0{i}:00.0", "H100" if i else "A100", None) for i, c in enumerate("ab")]
+    picked = parse_cuda_visible(None, gpus, visible)
+    assert all(g in gpus for g in picked) and len(picked) == len(set(picked))
