@@ -151,8 +151,8 @@ INVENTORY: tuple[Boundary, ...] = (
              ("tests/test_relay_actions.py::test_the_robot_sender_does_not_follow_a_redirect",)),
     Boundary("a sidecar's answer to the relay's control action (checkpoint, stop, forensics)", "answer",
              ("relay/actions.py::ActionRunner._call", "relay/actions.py::evidence_alert"),
-             ("tests/test_relay_actions.py::test_an_answer_without_applied_is_a_failure",
-              "tests/test_relay_actions.py::test_an_answer_that_was_not_applied_is_a_failure_not_done")),
+             ("tests/test_relay_actions.py::test_any_sidecar_answer_is_done_failed_or_refused",
+              "tests/test_relay_actions.py::test_an_answer_without_applied_is_a_failure")),
     # ------------------------------------------------------------------ argv, environment, API
     Boundary("command-line arguments of every command", "argv",
              ("cli.py::main", "relay/cli.py::main"),
