@@ -354,7 +354,7 @@ def test_another_hosts_capture_that_sorts_later_is_never_pruned_nor_the_answer(t
     (tmp_path / "f").mkdir()
     theirs = tmp_path / "f" / "capture-29991231T235959-999.json"
     theirs.write_text("{}")
-    also_theirs = tmp_path / "f" / "capture-29991231T235959-998@other-host-rank0.json"
+    also_theirs = tmp_path / "f" / "capture-29991231T235959-998+other-host-rank0.json"
     also_theirs.write_text("{}")
     now = [1_000_000.0]
     f = fake_forensics(tmp_path, lambda: now[0], max_files=1)
@@ -363,7 +363,7 @@ def test_another_hosts_capture_that_sorts_later_is_never_pruned_nor_the_answer(t
         path = f.requested()["path"]
         assert Path(path).exists()
     assert theirs.exists() and also_theirs.exists()
-    assert len(list((tmp_path / "f").glob(f"capture-*@{f._tag}.json"))) == 1
+    assert len(list((tmp_path / "f").glob(f"capture-*+{f._tag}.json"))) == 1
 
 
 def test_a_clock_stepped_back_prunes_the_oldest_capture_in_the_order_written(tmp_path):

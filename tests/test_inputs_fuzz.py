@@ -109,9 +109,9 @@ def test_the_control_endpoint_answers_any_request_with_json_and_a_known_status(f
 
 
 # ---------------------------------------------------------------- the stack captures' folder (shared with others)
-entry_names = st.sampled_from(["capture-20300101T000000-000.json", "capture-x@{tag}.json",
-                               "capture-20200101T000000-000@{tag}.json", "capture-@{tag}.json",
-                               "capture-z@other.json", "notes.txt", ".capture-a@{tag}.json.1.tmp"])
+entry_names = st.sampled_from(["capture-20300101T000000-000.json", "capture-x+{tag}.json",
+                               "capture-20200101T000000-000+{tag}.json", "capture-+{tag}.json",
+                               "capture-z+other.json", "notes.txt", ".capture-a+{tag}.json.1.tmp"])
 entry_kinds = st.sampled_from(["file", "dir", "link", "dangling"])
 
 
@@ -140,7 +140,7 @@ def test_any_folder_keeps_what_is_not_ours_and_the_answered_capture(entries, max
                 path.mkdir()
             else:
                 path.symlink_to(target if kind == "link" else root / "gone")
-            if kind != "file" or not path.name.endswith(f"@{f._tag}.json") or path.name.startswith("."):
+            if kind != "file" or not path.name.endswith(f"+{f._tag}.json") or path.name.startswith("."):
                 foreign.add(path.name)
         for _ in range(captures):
             now[0] += 60
@@ -148,7 +148,7 @@ def test_any_folder_keeps_what_is_not_ours_and_the_answered_capture(entries, max
             assert answered and Path(answered).is_file()
         names = {p.name for p in folder.iterdir()}
         assert foreign <= names and target.read_text() == "not ours"
-        assert len([n for n in names - foreign if n.endswith(f"@{f._tag}.json")]) <= max_files
+        assert len([n for n in names - foreign if n.endswith(f"+{f._tag}.json")]) <= max_files
 
 
 # ---------------------------------------------------------------- py-spy's output, and the verdict over it

@@ -15,7 +15,7 @@ capture (0600; a folder it makes is 0700, an existing one keeps its mode) and na
 captured ranks (core/verdict.py).
 
 The folder may be shared (one verdict across nodes): each sidecar marks its files' names with its own tag
-(``capture-<UTC time>@<host>[-rank<r>].json``) and prunes only those, oldest first in the order it wrote them
+(``capture-<UTC time>+<host>[-rank<r>].json``) and prunes only those, oldest first in the order it wrote them
 (names and mtimes follow a clock that can step back); the capture it answers with is never the one removed.
 
 A process that cannot be captured is counted by reason, with what to do, never raised.
@@ -250,13 +250,13 @@ class Forensics:
 
     def _write(self, doc: dict[str, Any], now: float) -> str | None:
         stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-{int(now * 1000) % 1000:03d}"
-        path = self.dir / f"capture-{stamp}@{self._tag}.json"
+        path = self.dir / f"capture-{stamp}+{self._tag}.json"  # "+": never in a tag, nor escaped in a page
         try:
             make_dirs(self.dir, DIR_MODE)  # the folders it makes; an existing one is not its to chmod
             n = 0
             while os.path.lexists(path):  # the same millisecond again (a clock stepped back): a name of its own
                 n += 1
-                path = self.dir / f"capture-{stamp}-{n}@{self._tag}.json"
+                path = self.dir / f"capture-{stamp}-{n}+{self._tag}.json"
             write_atomic(path, json.dumps({**doc, "path": str(path)}, default=str), mode=FILE_MODE)
         except OSError as e:
             self._self.inc(FORENSICS_FAILURES, reason="write")
@@ -272,7 +272,7 @@ class Forensics:
         mine = set(self._written)
         # an earlier process's captures (same tag) are older than all of this one's: by mtime among themselves
         try:
-            earlier = [p for p in self.dir.glob(f"capture-*@{glob_escape(self._tag)}.json") if p not in mine]
+            earlier = [p for p in self.dir.glob(f"capture-*+{glob_escape(self._tag)}.json") if p not in mine]
         except OSError:
             earlier = []
         earlier.sort(key=_mtime, reverse=True)
