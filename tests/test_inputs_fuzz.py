@@ -24,7 +24,8 @@ from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.spec import load_spec
 
 SPEC = load_spec()
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEW = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # fsyncs per example
 FIXTURES = Path(__file__).parent / "fixtures"
 
 json_scalars = (st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats(allow_nan=True)
@@ -115,7 +116,7 @@ entry_names = st.sampled_from(["capture-20300101T000000-000.json", "capture-x+{t
 entry_kinds = st.sampled_from(["file", "dir", "link", "dangling"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@FEW
 @given(entries=st.lists(st.tuples(entry_names, entry_kinds, st.binary(max_size=50)), max_size=8),
        max_files=st.integers(1, 3), captures=st.integers(1, 4))
 def test_any_folder_keeps_what_is_not_ours_and_the_answered_capture(entries, max_files, captures):
@@ -206,7 +207,7 @@ def test_any_tracker_or_manifest_is_a_step_a_problem_or_nothing(folder, raw):
 JOURNAL_KEYS = ["add", "done", "try", "full", "target", "receiver", "alert", "at"]
 
 
-@FUZZ
+@FEW
 @given(lines=st.lists(file_bytes(JOURNAL_KEYS), max_size=6))
 @example(lines=[b'{"add": 1e400, "target": "t", "alert": {}}', b'{"done": [1e400]}', b'{"try": 1e400, "at": 1}'])
 def test_any_journal_is_recovered_line_by_line(folder, lines):
@@ -218,7 +219,7 @@ def test_any_journal_is_recovered_line_by_line(folder, lines):
     assert isinstance(entries, list) and isinstance(tries, dict)
 
 
-@FUZZ
+@FEW
 @given(raw=file_bytes(["version", "alerts"]))
 def test_any_spool_file_is_requeued_or_set_aside(raw):
     from verl_exporter.relay.config import parse_config
