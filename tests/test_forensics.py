@@ -416,3 +416,76 @@ def test_any_capture_documents_give_a_verdict_without_raising(docs):
     text = verdict(merge(captures))
     assert isinstance(text, str) and len(text) <= 600
     flight_recorder_verdict({i: d for i, d in enumerate(captures)})
+def fake_forensics(tmp_path, clock, max_files=20, folder="f", rank="0") -> Forensics:
+    """A Forensics whose captures need no process (no trainer pid, no py-spy): the folder's rules alone."""
+    return Forensics(ForensicsSettings(str(tmp_path / folder), py_spy=str(tmp_path / "none"), max_files=max_files),
+                     SelfMetrics(SPEC), None, {"run": "r1", "rank": rank}, clock=clock)
+
+
+def test_another_hosts_capture_that_sorts_later_is_never_pruned_nor_the_answer(tmp_path):
+    """A shared folder: another host's capture named later than ours (its clock ahead) is not ours to remove, and
+    the capture answered is still there."""
+    (tmp_path / "f").mkdir()
+    theirs = tmp_path / "f" / "capture-29991231T235959-999.json"
+    theirs.write_text("{}")
+    also_theirs = tmp_path / "f" / "capture-29991231T235959-998+other-host-rank0.json"
+    also_theirs.write_text("{}")
+    now = [1_000_000.0]
+    f = fake_forensics(tmp_path, lambda: now[0], max_files=1)
+    for _ in range(3):
+        now[0] += 60
+        path = f.requested()["path"]
+        assert Path(path).exists()
+    assert theirs.exists() and also_theirs.exists()
+    assert len(list((tmp_path / "f").glob(f"capture-*+{f._tag}.json"))) == 1
+
+
+def test_a_clock_stepped_back_prunes_the_oldest_capture_in_the_order_written(tmp_path):
+    now = [2_000_000.0]
+    f = fake_forensics(tmp_path, lambda: now[0], max_files=2)
+    written = []
+    for _ in range(2):
+        now[0] += 60
+        written.append(Path(f.capture("request")["path"]))
+    assert all(p.exists() for p in written)
+    now[0] = 1_000_000.0  # the clock steps back: the next capture's name sorts before both, its mtime may too
+    answered = Path(f.capture("request")["path"])
+    assert answered.exists() and not written[0].exists() and written[1].exists()
+
+
+def test_a_restarted_sidecar_prunes_its_earlier_captures_not_others(tmp_path):
+    now = [1_000_000.0]
+    first = fake_forensics(tmp_path, lambda: now[0], max_files=2)
+    old = []
+    for _ in range(2):
+        now[0] += 60
+        old.append(Path(first.capture("request")["path"]))
+    other_rank = fake_forensics(tmp_path, lambda: now[0], max_files=1, rank="1")
+    now[0] += 60
+    kept = Path(other_rank.capture("request")["path"])
+    again = fake_forensics(tmp_path, lambda: now[0], max_files=2)  # the rank-0 sidecar restarted
+    now[0] += 60
+    answered = Path(again.capture("request")["path"])
+    assert answered.exists() and kept.exists() and old[1].exists() and not old[0].exists()
+
+
+def test_a_cached_answer_whose_file_is_gone_is_captured_again(tmp_path):
+    now = [1_000_000.0]
+    f = fake_forensics(tmp_path, lambda: now[0])
+    first = f.requested()
+    Path(first["path"]).unlink()  # an operator's clean-up
+    now[0] += 1
+    second = f.requested()
+    assert second is not first and Path(second["path"]).exists()
+
+
+def test_an_existing_folder_keeps_its_mode_and_a_new_one_is_private(tmp_path):
+    shared = tmp_path / "run"
+    shared.mkdir()
+    shared.chmod(0o755)
+    f = fake_forensics(tmp_path, lambda: 1_000_000.0, folder="run")
+    path = Path(f.capture("request")["path"])
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    made = fake_forensics(tmp_path, lambda: 1_000_000.0, folder="new/forensics")
+    assert stat.S_IMODE(Path(made.capture("request")["path"]).parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700

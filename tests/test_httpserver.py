@@ -285,3 +285,95 @@ def test_the_sidecar_control_endpoint_answers_408_to_a_body_that_stalls(tmp_path
         assert not [r for r in caplog.records if r.exc_info], "a slow client logged a traceback"
     finally:
         side.stop()
+
+
+def test_requests_on_a_slow_path_never_hold_the_slots_metrics_needs(server):
+    """Slow requests (a stack capture) run in slots of their own: with the lane full and its queue full too (the
+    next one refused at once), /metrics is still answered."""
+    from verl_exporter.core.httpserver import SLOW_WAITING
+
+    release, entered = threading.Event(), []
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"].startswith("/slow/"):
+            entered.append(1)
+            release.wait(PATIENCE_S)
+        return hello(environ, start_response)
+
+    srv, problems = server(app, workers=2, slow_paths=("/slow/",), slow_workers=1)
+    answers: list[int] = []
+
+    def slow_request():
+        answers.append(http_get(srv.url + "/slow/x", timeout=PATIENCE_S)[0])
+
+    clients = [threading.Thread(target=slow_request) for _ in range(1 + SLOW_WAITING + 1)]
+    try:
+        for c in clients:
+            c.start()
+        wait_for(lambda: 503 in answers, timeout=PATIENCE_S)  # the lane holds all it may: one more is refused
+        assert len(entered) == 1 and problems.count("overload") == 1
+        for _ in range(3):  # more than the app's 2 slots
+            assert http_get(srv.url + "/metrics", timeout=PATIENCE_S)[0] == 200
+    finally:
+        release.set()
+        for c in clients:
+            c.join()
+    assert sorted(answers) == [200] * (1 + SLOW_WAITING) + [503]
+
+
+def _server_connections(port: int) -> int:
+    import psutil
+
+    return sum(1 for c in psutil.Process().net_connections("tcp")
+               if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_a_scrape_is_answered_while_twelve_forensics_requests_wait_on_a_capture(tmp_path):
+    """The issue's case: one capture in progress (py-spy held until the test lets it go), 12 requests waiting
+    for it, more than the server's 8 app slots; a scrape answers before the capture ends, and every request
+    gets that one capture."""
+    import subprocess
+
+    from conftest import post_json
+    from verl_exporter.core.httpserver import WORKERS
+    from verl_exporter.sidecar.config import ServeConfig
+    from verl_exporter.sidecar.sidecar import Sidecar
+
+    started, release = tmp_path / "started", tmp_path / "release"
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"#!/bin/sh\ntouch {started}\nwhile [ ! -e {release} ]; do sleep 0.05; done\necho '[]'\n")
+    fake.chmod(0o755)
+    trainer = subprocess.Popen(["sleep", "120"])
+    side = Sidecar(ServeConfig(listen="127.0.0.1:0", collectors={"host": False}, trainer_pid=trainer.pid,
+                               forensics_dir=str(tmp_path / "forensics"), forensics_py_spy=str(fake),
+                               forensics_native=False, forensics_timeout=PATIENCE_S * 3),
+                   control_token="tok", control_file=str(tmp_path / "control.json"))
+    side.start()
+    answers: list[tuple[int, dict]] = []
+    waiting = WORKERS + 4
+
+    def ask():
+        answers.append(post_json(side.server.url + "/control/forensics", b"{}", {"Authorization": "Bearer tok"},
+                                 timeout=PATIENCE_S * 3))
+
+    clients = [threading.Thread(target=ask) for _ in range(waiting)]
+    try:
+        for c in clients:
+            c.start()
+        wait_for(started.exists, timeout=PATIENCE_S)
+        wait_for(lambda: _server_connections(side.server.port) >= waiting, timeout=PATIENCE_S)
+        scraped: list[int] = []
+        scrape = threading.Thread(target=lambda: scraped.append(http_get(side.server.url + "/metrics",
+                                                                          timeout=PATIENCE_S * 3)[0]))
+        scrape.start()
+        wait_for(lambda: scraped, timeout=PATIENCE_S)  # answered with the capture still held
+        assert scraped == [200] and not release.exists() and not answers
+    finally:
+        release.touch()
+        for c in clients:
+            c.join()
+        side.stop()
+        trainer.kill()
+        trainer.wait()
+    assert [status for status, _ in answers] == [200] * waiting
+    assert len({a["path"] for _, a in answers}) == 1 and all(a["applied"] for _, a in answers)

@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from conftest import wait_for
 from helpers import config_action, robot_target, stop_action
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from verl_exporter.relay.actions import MAX_COOLDOWN_KEYS, ActionRunner, evidence_alert
 from verl_exporter.relay.format import DINGTALK_MAX_BODY, format_messages
 from verl_exporter.relay.metrics import RelayMetrics
@@ -180,3 +182,27 @@ def test_a_forensics_answer_becomes_a_page_the_robot_can_show(servers):
     text = json.loads(message.body)["markdown"]["text"]
     assert "rank 7 is in reward_fn → compute_score" in text and "capture-1·json" in text
     assert "[x](http" not in text and len(message.body) <= DINGTALK_MAX_BODY
+
+
+answer_scalars = st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats() | st.text(max_size=30)
+answer_values = st.recursive(answer_scalars, lambda inner: st.lists(inner, max_size=3)
+                             | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=10)
+answer_bodies = (st.dictionaries(st.sampled_from(["applied", "verdict", "path", "processes", "error", "id"]),
+                                 answer_values, max_size=6).map(lambda d: json.dumps(d).encode())
+                 | st.binary(max_size=100)
+                 | st.sampled_from([b"[" * 5000, b"{}" * 3, json.dumps("x" * 70_000).encode()]))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(status=st.sampled_from([200, 202, 400, 401, 500, 503]), body=answer_bodies)
+def test_any_sidecar_answer_is_done_failed_or_refused(servers, status, body):
+    sidecar = servers(status, body)  # stopped with the others at the test's end
+    act = config_action({"alertname": "VerlTrainingStalled"}, "forensics", sidecar.url, TOKEN)
+    runner = ActionRunner((act,), RelayMetrics(), timeout=2, attempts=1)
+    result, answer = runner._call(act, "VerlTrainingStalled")
+    assert result in {"done", "failed", "refused"}
+    if result == "done":
+        page = evidence_alert(alert("VerlTrainingStalled"), answer)
+        [message] = format_messages([page], robot_target("dingtalk", "http://x", "t", "dt"))
+        assert len(message.body) <= DINGTALK_MAX_BODY

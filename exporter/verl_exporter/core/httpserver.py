@@ -9,6 +9,9 @@ SYN retry then cost a scrape a second). Here:
   client it costs no CPU); one more is answered 503 at once and closed, so threads and memory stay bounded;
 - at most ``workers`` requests run the app at a time: a request waits for a slot only once it has
   arrived whole, so slow clients never hold one;
+- requests under ``slow_paths`` (the sidecar's /control/: a stack capture runs for seconds to a minute, and
+  requests queue behind it) run in ``slow_workers`` slots of their own, never in those /metrics needs; at most
+  SLOW_WAITING more wait for one, and beyond that one is answered 503 at once (kind "overload");
 - the whole request (line, headers, body) must arrive within ``request_timeout`` seconds, and each write of
   the answer must progress within it: a client that sends half a header, drips a byte at a time or stops
   reading holds its connection's thread that long at most;
@@ -44,7 +47,10 @@ log = logging.getLogger(__name__)
 BACKLOG = 512  # the kernel caps it at net.core.somaxconn
 WORKERS = 8  # apps running at once: rendering is CPU-bound, so more only share the GIL thinner
 MAX_CONNECTIONS = 512
+SLOW_WORKERS = 2  # slots of the slow paths' own: one request waits in a capture, another can still be refused
+SLOW_WAITING = 32  # slow requests waiting for a slot (each holds a connection) beyond which one gets 503
 REQUEST_TIMEOUT_S = 10.0
+_BUSY = b"busy: too many requests of this kind are waiting.\n"
 _OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n"
                b"Retry-After: 1\r\nConnection: close\r\n\r\noverloaded.\n")
 
@@ -190,17 +196,31 @@ class _BoundedServer(WSGIServer):
     traceback_logged = False
 
     def __init__(self, address: tuple[str, int], app: WSGIApplication, *, workers: int, max_connections: int,
-                 request_timeout: float, on_problem: ProblemFn | None):
+                 request_timeout: float, on_problem: ProblemFn | None, slow_paths: tuple[str, ...],
+                 slow_workers: int):
         super().__init__(address, _Handler)
         self.request_timeout = request_timeout
         self._on_problem = on_problem
         self._connections = threading.BoundedSemaphore(max_connections)
         slots = threading.Semaphore(workers)
+        slow_slots = threading.Semaphore(slow_workers)
+        slow_room = threading.BoundedSemaphore(slow_workers + SLOW_WAITING)  # running and waiting slow requests
 
         # both apps answer with a list, so the call is all the work
         def gated(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-            with slots:
-                return app(environ, start_response)
+            if not slow_paths or not str(environ.get("PATH_INFO", "")).startswith(slow_paths):
+                with slots:
+                    return app(environ, start_response)
+            if not slow_room.acquire(blocking=False):
+                self._problem("overload", f"over {SLOW_WAITING} requests waiting on a slow path; one got 503")
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain"), ("Retry-After", "10"),
+                                                           ("Content-Length", str(len(_BUSY)))])
+                return [_BUSY]
+            try:
+                with slow_slots:
+                    return app(environ, start_response)
+            finally:
+                slow_room.release()
 
         self._app: WSGIApplication = gated
 
@@ -259,12 +279,14 @@ class HttpServer:
 
     def __init__(self, app: WSGIApplication, listen: str, *, workers: int = WORKERS,
                  max_connections: int = MAX_CONNECTIONS, request_timeout: float = REQUEST_TIMEOUT_S,
-                 on_problem: ProblemFn | None = None):
+                 on_problem: ProblemFn | None = None, slow_paths: tuple[str, ...] = (),
+                 slow_workers: int = SLOW_WORKERS):
         host, port = parse_listen(listen)
         server_class = _BoundedServer6 if ":" in host else _BoundedServer
         try:
             self._httpd = server_class((host, port), app, workers=workers, max_connections=max_connections,
-                                       request_timeout=request_timeout, on_problem=on_problem)
+                                       request_timeout=request_timeout, on_problem=on_problem,
+                                       slow_paths=slow_paths, slow_workers=slow_workers)
         except OSError as e:
             raise ListenError(e.errno, e.strerror or str(e)) from e
         self.host, self.port = host, self._httpd.server_port

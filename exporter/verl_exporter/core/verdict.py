@@ -230,10 +230,10 @@ def read_flight_recorder(prefix: str, errors: list[str] | None = None) -> dict[i
     return out
 
 
-def _seq(entry: Any) -> int | None:
+def _seq(entry: object) -> int | None:
+    """An entry's collective_seq_id: a JSON integer torch wrote (0 to 2**63); None for anything else."""
     value = entry.get("collective_seq_id") if isinstance(entry, dict) else None
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
-    return value if ok else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
 
 
 def flight_recorder_verdict(dumps: dict[int, Doc]) -> str | None:

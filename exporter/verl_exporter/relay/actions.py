@@ -146,7 +146,8 @@ class ActionRunner:
                     return "refused", {}
                 log.warning("action: %s failed (attempt %d): HTTP %d", where, attempt, e.code)
                 continue
-            except (OSError, ValueError, RecursionError, http.client.HTTPException) as e:  # not an HTTP or JSON answer
+            # HTTPException: not an HTTP answer; RecursionError: JSON nested deeper than the parser goes
+            except (OSError, ValueError, RecursionError, http.client.HTTPException) as e:
                 log.warning("action: %s failed (attempt %d): %s", where, attempt, type(e).__name__)
                 continue
             applied = answer.get("applied") if isinstance(answer, dict) else None

@@ -290,9 +290,10 @@ def read_config_file(path: str | None) -> dict[str, Any]:
     return values
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "")  # ASCII digits only, and few: int() of 4,300 digits raises
-    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None
+def env_int(name: str) -> int | None:
+    """A rank from the environment: ASCII digits, at most 9 of them (no rank is larger); None otherwise."""
+    value = os.environ.get(name, "")
+    return int(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
 
 
 def flag_values(parsed: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +308,7 @@ def flag_values(parsed: dict[str, Any]) -> dict[str, Any]:
 
 def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], origin: str = "config") -> ServeConfig:
     """Merge (flags win over the file, the file over the environment, that over defaults) and check."""
-    merged: dict[str, Any] = {"rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK")}
+    merged: dict[str, Any] = {"rank": env_int("RANK"), "local_rank": env_int("LOCAL_RANK")}
     merged.update({k: v for k, v in file_values.items() if v is not None})
     unknown = sorted(set(flag_values) - set(ServeConfig.model_fields))
     if unknown:  # a flag with no setting behind it would be dropped without a word

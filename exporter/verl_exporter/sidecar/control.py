@@ -355,6 +355,7 @@ class ControlReader:
         return self._stop
 
 
+PATH_PREFIX = "/control/"  # served outside the /metrics slots (core/httpserver.py slow_paths): captures take long
 FORENSICS = "forensics"  # not a request for the trainer: the sidecar captures stacks itself (sidecar/forensics.py)
 
 
@@ -366,9 +367,9 @@ def make_control_app(state: ControlState, token: str, self_metrics: SelfMetrics,
 
     def handle(environ: WSGIEnvironment, start_response: StartResponse) -> list[bytes] | None:
         path = environ.get("PATH_INFO", "")
-        if not path.startswith("/control/"):
+        if not path.startswith(PATH_PREFIX):
             return None
-        action = path[len("/control/"):]
+        action = path[len(PATH_PREFIX):]
 
         def reply(code: str, body: dict[str, Any], result: str,
                   extra_headers: Sequence[tuple[str, str]] = ()) -> list[bytes]:

@@ -11,9 +11,14 @@ can read what the process holds. When on, the sidecar captures
 It captures the trainer's process tree (``--trainer-pid`` and its descendants) and this node's Ray workers
 (``ray::...`` processes, found by command line as the gpu_processes collector finds them) with
 ``py-spy dump --json`` (``--native`` first where enabled, without when that fails), writes one JSON file per
-capture (0600, in a 0700 directory; count and bytes capped, oldest removed) and names a verdict across the
-captured ranks (core/verdict.py). A process that cannot be captured is counted by reason, with what to do,
-never raised.
+capture (0600; a folder it makes is 0700, an existing one keeps its mode) and names a verdict across the
+captured ranks (core/verdict.py).
+
+The folder may be shared (one verdict across nodes): each sidecar marks its files' names with its own tag
+(``capture-<UTC time>+<host>[-rank<r>].json``) and prunes only those, oldest first in the order it wrote them
+(names and mtimes follow a clock that can step back); the capture it answers with is never the one removed.
+
+A process that cannot be captured is counted by reason, with what to do, never raised.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -35,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from ..core.atomicfile import make_dirs, write_atomic
+from ..core.atomicfile import glob_escape, make_dirs, write_atomic
 from ..core.verdict import flight_recorder_verdict, read_flight_recorder, verdict
 from ..exposition.selfmetrics import SelfMetric, SelfMetrics
 from .collectors.gpu_processes import looks_like_ray_worker
@@ -149,6 +156,9 @@ class Forensics:
         self._lock = threading.RLock()  # one capture at a time: a stall and a request may coincide
         self.last: dict[str, Any] | None = None  # {time, path, verdict, trigger} of the latest capture
         self._last_doc: dict[str, Any] | None = None
+        self._done_at = float("-inf")  # when the latest capture ended
+        self._tag = owner_tag(socket.gethostname(), self._labels.get("rank"))
+        self._written: list[Path] = []  # this process's captures, oldest first: their real order
         for trigger in ("stall", "request"):
             self_metrics.inc(FORENSICS_CAPTURES, 0, trigger=trigger)
         for reason in (*HINTS, "write"):
@@ -172,13 +182,11 @@ class Forensics:
             except OSError as e:  # removed or not executable since the check
                 return {"pid": pid, "reason": "no_binary", "error": f"cannot run {binary}: {e.strerror}"}
             if done.returncode == 0 and len(done.stdout) <= MAX_OUTPUT_BYTES:
-                try:
-                    threads = json.loads(done.stdout)
-                except ValueError:
-                    error = "py-spy wrote no JSON"
+                entry = parse_dump(pid, done.stdout)
+                if "reason" in entry:
+                    error = entry["error"]
                     continue
-                return {"pid": pid, "native": bool(extra), "threads": threads,
-                        "ms": round((time.perf_counter() - started) * 1000, 1)}
+                return {**entry, "native": bool(extra), "ms": round((time.perf_counter() - started) * 1000, 1)}
             error = _first_line(done.stderr) or f"py-spy exited {done.returncode}"
             if classify(error) != "failed":
                 break  # without --native it would fail the same way
@@ -225,42 +233,98 @@ class Forensics:
                             doc["verdict"])
             self.last = {"time": now, "trigger": trigger, "path": doc["path"], "verdict": doc["verdict"]}
             self._last_doc = doc
+            self._done_at = self._clock()
             return doc
 
     def requested(self, reason: str = "") -> dict[str, Any]:
-        """A capture asked for (POST /control/forensics); the latest one when it is under MIN_REQUEST_GAP_S old."""
-        with self._lock:  # a request during a capture (the stall's) waits for it, and gets it
+        """A capture asked for (POST /control/forensics): the one running or just ended when the request came
+        (within MIN_REQUEST_GAP_S of its end), else a new one. A capture pauses the trainer: requests that queue
+        behind one (the relay's retries, two HA relays) get it rather than a capture each."""
+        arrived = self._clock()
+        with self._lock:
             last = self._last_doc
-            if last is not None and last["path"] and self._clock() - last["time"] < MIN_REQUEST_GAP_S:
+            if (last is not None and last["path"] and arrived - self._done_at < MIN_REQUEST_GAP_S
+                    and os.path.lexists(last["path"])):  # never an answer that names a file gone since
                 return last
             return self.capture("request", reason)
 
     def _write(self, doc: dict[str, Any], now: float) -> str | None:
-        name = f"capture-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-{int(now * 1000) % 1000:03d}.json"
-        path = self.dir / name
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-{int(now * 1000) % 1000:03d}"
+        path = self.dir / f"capture-{stamp}+{self._tag}.json"  # "+": never in a tag, nor escaped in a page
         try:
-            make_dirs(self.dir, DIR_MODE)
-            if self.dir.stat().st_uid == os.geteuid():  # an existing folder of ours too: stacks are private
-                os.chmod(self.dir, DIR_MODE)
+            make_dirs(self.dir, DIR_MODE)  # the folders it makes; an existing one is not its to chmod
+            n = 0
+            while os.path.lexists(path):  # the same millisecond again (a clock stepped back): a name of its own
+                n += 1
+                path = self.dir / f"capture-{stamp}-{n}+{self._tag}.json"
             write_atomic(path, json.dumps({**doc, "path": str(path)}, default=str), mode=FILE_MODE)
-            self._prune()
         except OSError as e:
             self._self.inc(FORENSICS_FAILURES, reason="write")
             self._self.problem("forensics", "write", f"cannot write {path}: {e.strerror or e}")
             return None
+        self._written.append(path)
+        self._prune()
         return str(path)
 
     def _prune(self) -> None:
-        """Keep the newest captures within the count and byte caps (the newest is kept whatever its size)."""
-        files = sorted(self.dir.glob("capture-*.json"), key=lambda p: p.name, reverse=True)
+        """Keep this sidecar's newest captures within the count and byte caps; the newest (the one just written,
+        being answered) is kept whatever its size. Files without this sidecar's tag are never touched."""
+        mine = set(self._written)
+        # an earlier process's captures (same tag) are older than all of this one's: by mtime among themselves
+        try:
+            earlier = [p for p in self.dir.glob(f"capture-*+{glob_escape(self._tag)}.json") if p not in mine]
+        except OSError:
+            earlier = []
+        earlier.sort(key=_mtime, reverse=True)
         total = 0
-        for i, f in enumerate(files):
+        for i, f in enumerate([*reversed(self._written), *earlier]):
             try:
-                total += f.stat().st_size
+                st = f.lstat()
             except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode):  # gone, or a link or folder: not a capture of ours
+                if f in mine:
+                    self._written.remove(f)
                 continue
+            total += st.st_size
             if i > 0 and (i >= self.settings.max_files or total > self.settings.max_bytes):
-                f.unlink(missing_ok=True)
+                try:
+                    f.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    self._self.problem("forensics", "prune", f"cannot remove {f}: {e.strerror or e}")
+                    continue
+                if f in mine:
+                    self._written.remove(f)
+
+
+def owner_tag(host: str, rank: str | None) -> str:
+    """This sidecar's mark in its capture files' names: which files of a shared folder are its own to prune."""
+    tag = host if rank is None else f"{host}-rank{rank}"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", tag)[:100] or "_"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return float("-inf")
+
+
+def parse_dump(pid: int, stdout: bytes) -> dict[str, Any]:
+    """One process's entry from py-spy's JSON: its threads (dicts, frames a list of dicts), or why not."""
+    try:
+        threads = json.loads(stdout)
+    except (ValueError, RecursionError):
+        threads = None
+    if not isinstance(threads, list):
+        return {"pid": pid, "reason": "failed", "error": "py-spy wrote no JSON list of threads"}
+    kept = [t for t in threads if isinstance(t, dict)]
+    for t in kept:
+        frames = t.get("frames")
+        t["frames"] = [f for f in frames if isinstance(f, dict)] if isinstance(frames, list) else []
+    return {"pid": pid, "threads": kept}
 
 
 def _first_line(raw: bytes) -> str:

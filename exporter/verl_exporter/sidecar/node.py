@@ -10,7 +10,6 @@ registration on the way out.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from collections.abc import Callable
 
 from ..core.shutdown import stop_event
 from ..exposition.app import parse_listen
-from .config import DEFAULT_PORT
+from .config import DEFAULT_PORT, env_int
 
 # Flags (and whether they take a value) that only local rank 0 gets.
 RANK0_ONLY = {"--verl-log": True, "--checkpoint-dir": True, "--checkpoint-verify": False,
@@ -125,6 +124,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="every other flag is passed to each `verl-exporter serve` (after --)")
 
 
+def rank_offset(given: int | None, ranks: int) -> int:
+    """--rank-offset, else $NODE_RANK x ranks (a number of at most 9 digits), else 0."""
+    if given is not None:
+        return given
+    node_rank = env_int("NODE_RANK")
+    return node_rank * ranks if node_rank is not None else 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         print("verl-exporter node: --ranks must be at least 1", file=sys.stderr)
@@ -134,10 +141,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"verl-exporter node: {e}", file=sys.stderr)
         return 2
-    offset = args.rank_offset
-    if offset is None:
-        node_rank = os.environ.get("NODE_RANK", "")
-        offset = int(node_rank) * args.ranks if node_rank.isdigit() else 0
+    offset = rank_offset(args.rank_offset, args.ranks)
     if offset < 0:  # every child would refuse its --rank and be restarted for ever
         print(f"verl-exporter node: --rank-offset must be at least 0, got {offset}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from ..spec.overrides import load_effective_spec
 from .collectors import Context
 from .collectors.sampler import Sampler, build_collectors
 from .config import ServeConfig
+from .control import PATH_PREFIX as CONTROL_PATH
 from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
 from .engines_sd import EnginesSd
 from .file_sd import FileSdRegistration, advertise_host
@@ -143,8 +144,9 @@ class Sidecar:
         handlers.append(health_handler("/healthz/sidecar", self.sidecar_health))
         app = make_app(self.registry, self.self_metrics, self.health, summary, handlers=handlers,
                        renderers=[self.store.render, self.sampler.render])
-        self.server = HttpServer(app, self.config.listen, on_problem=lambda kind, message: (
-            self.self_metrics.problem("http", kind, message)))  # bound: the port is known, nothing served yet
+        # bound: the port is known, nothing served yet; /control/ in slots of its own (a capture takes long)
+        self.server = HttpServer(app, self.config.listen, slow_paths=(CONTROL_PATH,), on_problem=lambda kind,
+                                 message: self.self_metrics.problem("http", kind, message))
         if self.config.file_sd:  # registered before serving: once /healthz answers, discovery has us
             file_sd = self.file_sd = FileSdRegistration(self.config.file_sd,
                                                         self.config.advertise or advertise_host(), self.server.port)

@@ -370,7 +370,7 @@ def read_run(path: str | Path, probe: int = 50, max_steps: int | None = None) ->
                 continue
             try:
                 obj = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
                 obj = None
             if isinstance(obj, dict) and isinstance(obj.get("data"), dict) and isinstance(obj.get("step"), int):
                 kept.append(obj)

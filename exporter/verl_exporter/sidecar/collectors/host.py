@@ -45,7 +45,7 @@ class HostCollector(Collector):
 
     # ------------------------------------------------------------------ load
     def _load(self) -> Iterator[Sample]:
-        with open(f"{self.ctx.procfs}/loadavg") as f:
+        with open(f"{self.ctx.procfs}/loadavg", errors="replace") as f:  # a bad byte is a bad line
             fields = f.read().split()
         try:
             values = [float(v) for v in fields[:3]]
@@ -60,7 +60,7 @@ class HostCollector(Collector):
     # ------------------------------------------------------------------ memory
     def _memory(self) -> Iterator[Sample]:
         wanted: dict[str, int | None] = {"MemTotal:": None, "MemAvailable:": None}
-        with open(f"{self.ctx.procfs}/meminfo") as f:
+        with open(f"{self.ctx.procfs}/meminfo", errors="replace") as f:  # a bad byte is a bad line
             for line in f:
                 key, _, rest = line.partition(" ")
                 if key in wanted:

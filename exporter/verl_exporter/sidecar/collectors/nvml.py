@@ -181,7 +181,7 @@ def parse_cuda_visible(nvml: Any, gpus: Sequence[Gpu], value: str) -> list[Gpu]:
     for raw in value.split(","):
         token = raw.strip()
         gpu: Gpu | None = None
-        if re.fullmatch(r"\d+", token):
+        if re.fullmatch(r"[0-9]{1,9}", token):  # ASCII, bounded: a longer number is no GPU (int() of it raises)
             ordinal = int(token)
             gpu = by_pci[ordinal] if ordinal < len(by_pci) else None
         elif token.upper().startswith("MIG-"):
@@ -213,7 +213,7 @@ def select_gpus(nvml: Any, gpus: Sequence[Gpu], ctx: Context) -> list[Gpu]:
     if choice != "auto":
         picked: list[Gpu] = []
         for token in (t.strip() for t in choice.split(",") if t.strip()):
-            if re.fullmatch(r"\d+", token):
+            if re.fullmatch(r"[0-9]{1,9}", token):
                 hits = [g for g in gpus if g.index == int(token)]
                 what = f"NVML index {token}"
             elif token.upper().startswith("MIG-"):

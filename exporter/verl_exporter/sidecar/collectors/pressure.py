@@ -38,7 +38,7 @@ class PressureCollector(Collector):
         if not self._resources:
             raise Unavailable(f"{directory} has none of {', '.join(RESOURCES)}")
         try:
-            with open(f"{directory}/{self._resources[0]}") as f:
+            with open(f"{directory}/{self._resources[0]}", errors="replace") as f:  # a bad byte is a bad line
                 f.read()
         except OSError as e:
             if e.errno == errno.EOPNOTSUPP:
@@ -49,7 +49,7 @@ class PressureCollector(Collector):
         out: list[Sample] = []
         for resource in self._resources:
             try:
-                with open(f"{self.ctx.procfs}/pressure/{resource}") as f:
+                with open(f"{self.ctx.procfs}/pressure/{resource}", errors="replace") as f:  # a bad byte is a bad line
                     lines = f.readlines()
             except OSError as e:  # one unreadable file loses only its own series
                 self.ctx.self_metrics.problem(self.name, "read", f"{resource}: {e!r}")
