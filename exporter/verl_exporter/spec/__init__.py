@@ -5,12 +5,12 @@ where a metric is named. Loading is strict: every problem of every entry is repo
 ``FILE:LINE: key.path: message`` naming the file it is in.
 
 One model per concept. The file's shape is a tree of core.models StrictModels (``Spec``, ``MetricSpec``,
-``SourceRule``, the alert kinds of ``kinds/``, ``Panel`` in panels.py, ``DetectEntry`` in detectors.py): they
+``SourceRule``, the alert kinds of ``kinds/``, ``Panel`` in panels.py, core.detect's ``SignalSpec``): they
 check each entry, ``verl-exporter schema spec`` writes their JSON Schema, and the same frozen objects are what
 the rest of the pack reads, so a key of the file is the attribute its readers use. What the runtime needs
 beyond what the file says is derived once at load: a list becomes a tuple, a source's key pattern is compiled,
-the default max_series is applied, each alert and panel knows its metric, and the signals of a metric are held
-as core.detect's ``SignalSpec``. Overrides, calibrate and the CLI derive new ones with ``model_copy(update=...)``.
+the default max_series is applied, and each alert, panel and signal knows its metric. Overrides, calibrate
+and the CLI derive new ones with ``model_copy(update=...)``.
 
 Checks across entries (unique names, keys and fields feeding one metric, alerts and inhibits naming known
 ones, signals' gauges declared) are ``Spec.cross_problems``: each finds several problems, each at its own
@@ -55,7 +55,6 @@ from ..core.models import (
     read_yaml,
     where,
 )
-from .detectors import DetectEntry
 from .kinds import CROSS_METRIC, KINDS, Alert
 from .kinds.condition import NODES as CONDITION_NODES
 from .panels import Panel
@@ -255,10 +254,7 @@ class MetricSpec(StrictModel):
     panels: TupleOf[Panel] = Field(default_factory=tuple)
     record: TupleOf[RecordingKind | RecordingEntry] = Field(
         default_factory=tuple, description="generated recordings (names), and written ones ({record, expr})")
-    if TYPE_CHECKING:  # the file's entries, held as what _signals makes of them
-        detect: tuple[SignalSpec, ...] = ()
-    else:
-        detect: list[DetectEntry] = Field(default_factory=tuple)
+    detect: TupleOf[SignalSpec] = Field(default_factory=tuple)
 
     @field_validator("name")
     @classmethod
@@ -342,13 +338,13 @@ class MetricSpec(StrictModel):
 
     @field_validator("detect")
     @classmethod
-    def _signals(cls, detect: list[DetectEntry], info: ValidationInfo) -> tuple[SignalSpec, ...]:
+    def _signals(cls, detect: tuple[SignalSpec, ...], info: ValidationInfo) -> tuple[SignalSpec, ...]:
         labels = info.data.get("labels")
         for j, d in enumerate(detect):
             if labels is not None and set(d.labels) != set(labels):
                 raise ValueError(f"detect {j}: labels must give a value for each of the metric's labels "
                                  f"{list(labels)}")
-        return tuple(d.to_signal(info.data.get("name", "")) for d in detect)
+        return tuple(d.on_metric(info.data.get("name", "")) for d in detect)
 
     @model_validator(mode="after")
     def _one_feed(self) -> MetricSpec:

@@ -35,7 +35,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -285,7 +285,8 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
 
     metrics = []
     for m in spec.metrics:
-        detect = tuple(replace(s, min_steps=min_steps[s.name][0]) if s.name in min_steps else s for s in m.detect)
+        detect = tuple(s.model_copy(update={"min_steps": min_steps[s.name][0]}) if s.name in min_steps else s
+                       for s in m.detect)
         metrics.append(m.model_copy(update={"alerts": effective(m.alerts), "detect": detect}))
     g = model.global_
     given = {"selector": g.selector, "runbook_url": g.runbook_url, "relay_url": g.relay_url,
