@@ -60,6 +60,9 @@ from .kinds.condition import NODES as CONDITION_NODES
 from .panels import Panel
 from .rules import PATTERN_MESSAGES, Sentence, Severity
 
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable  # Python 3.11; a Path is one too
+
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
 # Engines Prometheus scrapes itself (not the sidecar): their entries keep the engine's own names, vllm:..., and
 # may be histograms; the sidecar never exports them.
@@ -104,7 +107,7 @@ WINDOW_RECORDING = re.compile(r"(avg|max|min)_over_time_([1-9][0-9]*[mh])")
 # (an engine's series vllm:x is recorded as level:vllm_x:operations, keeping the name's three parts)
 RECORDING_NAME_RE = re.compile(rf"^[a-z_]+:({'|'.join(('verl', *SCRAPED_FROM))})_[a-z0-9_]+:[a-z0-9_]+$")
 
-DEFAULT_SPEC = "metrics"  # the packaged spec: a directory of *.yaml files, merged in name order
+DEFAULT_SPEC = "metrics"  # the packaged spec: a directory of area files (area_files), merged in order
 # The top-level lists a spec directory's files concatenate, in file order.
 MERGED = ("metrics", "alerts")
 
@@ -599,21 +602,38 @@ def _parse_packaged(text: str, origin: str) -> tuple[Any, Lines]:
     return parse_yaml(text, origin, SpecError)
 
 
+# A folder of a spec directory holding one area's sub-area files: named like an area file (10-training/).
+AREA_FOLDER_RE = re.compile(r"^\d+-[a-z0-9-]+$")
+
+
+def area_files(folder: Traversable) -> list[tuple[str, Traversable]]:
+    """(name relative to folder, file) of a spec directory's *.yaml files, in spec order: each area's file
+    (NN-area.yaml), then the sub-area files of its folder (NN-area/*.yaml) by name. An area grows by a
+    sub-area file instead of one file growing without end; other folders are not the spec's."""
+    found: list[tuple[tuple[str, str], str, Traversable]] = []
+    for entry in folder.iterdir():
+        if entry.is_file() and entry.name.endswith(".yaml"):
+            found.append(((entry.name.removesuffix(".yaml"), ""), entry.name, entry))
+        elif entry.is_dir() and AREA_FOLDER_RE.match(entry.name):
+            found += [((entry.name, sub.name), f"{entry.name}/{sub.name}", sub) for sub in entry.iterdir()
+                      if sub.is_file() and sub.name.endswith(".yaml")]
+    return [(name, f) for _, name, f in sorted(found, key=lambda t: t[0])]
+
+
 def _read(path: str | Path | None) -> tuple[list[_Part], str]:
-    """(the files of a spec, its origin): a file, or a directory's *.yaml in name order."""
+    """(the files of a spec, its origin): a file, or a directory's area files in spec order (area_files)."""
     if path is None:
         origin, parts = f"packaged spec {DEFAULT_SPEC}", []
-        folder = resources.files(__name__).joinpath(DEFAULT_SPEC)
-        for f in sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name):
-            name = f"{origin}/{f.name}"
+        for rel, f in area_files(resources.files(__name__).joinpath(DEFAULT_SPEC)):
+            name = f"{origin}/{rel}"
             doc, lines = _parse_packaged(f.read_text(encoding="utf-8"), name)
             parts.append(_Part(name, copy.deepcopy(doc), lines))  # a copy: callers may edit their document
         return parts, origin
     if Path(path).is_dir():
-        files = sorted(Path(path).glob("*.yaml"))
+        files = [f for _, f in area_files(Path(path))]
         if not files:
             raise SpecError(["a spec directory needs at least one *.yaml file"], str(path))
-        return [_Part(str(f), *read_yaml(f, SpecError)) for f in files], str(path)
+        return [_Part(str(f), *read_yaml(str(f), SpecError)) for f in files], str(path)
     return [_Part(str(path), *read_yaml(path, SpecError))], str(path)
 
 
