@@ -169,3 +169,21 @@ def test_an_area_grows_by_sub_area_files_that_load_after_it_and_name_their_own_l
     first = root / "10-a.yaml"
     assert e.value.problems == [f"{critic}:{line_of(critic, 'verl_a')}: metrics.0.name: metric 'verl_a' is declared "
                                 f"twice (first at {first}:{line_of(first, 'verl_a')})"]
+
+
+def test_a_notice_named_like_an_alert_is_refused_and_its_texts_fill_each_placeholder_once(tmp_path):
+    alert = {"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1, "summary": "S.",
+             "description": "D."}
+    notice = {"alert": "VerlX", "severity": "critical", "summary": "Saw {what} at {where}.", "description": "{what}"}
+    settings, _ = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1, "notices": [notice]},
+        "10-a.yaml": {"metrics": [metric("verl_a", alerts=[alert])]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{settings}:{line_of(settings, 'VerlX')}: notices.0.alert: alert 'VerlX' is "
+                                "declared twice (first at "
+                                f"{tmp_path / 'spec/10-a.yaml'}:{line_of(tmp_path / 'spec/10-a.yaml', 'VerlX')})"]
+    (settings).write_text(yaml.safe_dump({"version": 1, "notices": [{**notice, "alert": "VerlY"}]}))
+    texts = load_spec(tmp_path / "spec").notice("VerlY").texts({"what": "{where}", "other": 1})
+    assert texts == {"summary": "Saw {where} at {where}.", "description": "{where}"}  # a value is not re-filled

@@ -58,7 +58,7 @@ from ..core.models import (
 from .kinds import CROSS_METRIC, KINDS, Alert
 from .kinds.condition import NODES as CONDITION_NODES
 from .panels import Panel
-from .rules import PATTERN_MESSAGES, Sentence, Severity
+from .rules import PATTERN_MESSAGES, Notice, Sentence, Severity
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable  # Python 3.11; a Path is one too
@@ -423,6 +423,8 @@ class Spec(StrictModel):
     metrics: Annotated[list[MetricSpec], Field(min_length=1)]
     global_alerts: TupleOf[Alert] = Field(default_factory=tuple, alias="alerts",
                                           description="alerts on several metrics")
+    notices: TupleOf[Notice] = Field(default_factory=tuple,
+                                     description="pages the pack sends itself, with no Prometheus rule behind them")
     _overrides: str = PrivateAttr("")  # the overrides file applied (spec.overrides.apply_overrides), if any
 
     @field_validator("metrics")
@@ -478,9 +480,12 @@ class Spec(StrictModel):
                                                for j, a in enumerate(m.alerts)]
         alerts += [(("alerts", j), a) for j, a in enumerate(self.global_alerts)]
         names = {a.alert for _, a in alerts}
+        named: list[tuple[KeyPath, Alert | Notice]] = [*alerts, *((("notices", j), n) for j, n in
+                                                                 enumerate(self.notices))]
+        for path, one in named:
+            if clash("alert", one.alert, path) is not None:
+                out.append(((*path, "alert"), f"alert {one.alert!r} is declared twice"))
         for path, a in alerts:
-            if clash("alert", a.alert, path) is not None:
-                out.append(((*path, "alert"), f"alert {a.alert!r} is declared twice"))
             out += [((*path, "inhibits", k), f"inhibits unknown alert {t!r}") for k, t in enumerate(a.inhibits)
                     if t not in names]
         out += [(("alerts", j, "kind"), f"a top-level alert names its series: its kind is one of "
@@ -512,6 +517,13 @@ class Spec(StrictModel):
     def alerts(self) -> list[Alert]:
         """Every alert, in spec order: those on metric entries, then the cross-metric ones."""
         return [a for m in self.metrics for a in m.alerts] + list(self.global_alerts)
+
+    def notice(self, name: str) -> Notice:
+        """The notice (a page the pack sends itself) of this name; KeyError when the spec declares none."""
+        found = next((n for n in self.notices if n.alert == name), None)
+        if found is None:
+            raise KeyError(f"notice {name!r} is not in the spec")
+        return found
 
     def panels(self) -> list[Panel]:
         return [p for m in self.metrics for p in m.panels]
