@@ -1,5 +1,6 @@
-"""The spec as a directory of files, one per area: they load as one spec, each problem names the file and line
-it is in, a name declared in two files names both, and a single-file spec loads as before."""
+"""The spec as a directory of files, one per area (and an area's sub-area files in its folder): they load as
+one spec, each problem names the file and line it is in, a name declared in two files names both, and a
+single-file spec loads as before."""
 
 from __future__ import annotations
 
