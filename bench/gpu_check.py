@@ -159,11 +159,12 @@ def time_in_process(args, out) -> dict:
     from verl_exporter.sidecar.collectors.gpu import GpuCollector
     from verl_exporter.sidecar.collectors.gpu_processes import GpuProcessesCollector
     from verl_exporter.sidecar.collectors.nvlink import NvlinkCollector
+    from verl_exporter.sidecar.config import ServeConfig
     from verl_exporter.spec import load_spec
 
     spec = load_spec()
-    ctx = Context(spec=spec, self_metrics=SelfMetrics(spec), gpus="all", environ=dict(os.environ),
-                  gpu_pcie_throughput=True)
+    ctx = Context(spec=spec, self_metrics=SelfMetrics(spec), config=ServeConfig(gpus="all", gpu_pcie_throughput=True),
+                  environ=dict(os.environ))
     try:
         gpu = GpuCollector(ctx)
     except Unavailable as e:

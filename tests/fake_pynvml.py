@@ -593,11 +593,13 @@ def make_context(fake: FakeNvml | None, **overrides):
     """A collectors Context on the real spec whose NVML is ``fake`` (None: the real binding)."""
     from verl_exporter.exposition.selfmetrics import SelfMetrics
     from verl_exporter.sidecar.collectors import Context
+    from verl_exporter.sidecar.config import ServeConfig
 
     spec = overrides.pop("spec", None) or _spec()
-    values = {"gpus": "all", "environ": {}, "nvml_loader": (lambda: fake) if fake is not None else None}
-    values.update(overrides)
-    return Context(spec=spec, self_metrics=SelfMetrics(spec), **values)
+    values = {"environ": {}, "nvml_loader": (lambda: fake) if fake is not None else None}
+    values.update({k: overrides.pop(k) for k in list(overrides) if k in ("environ", "nvml_loader", "clock")})
+    settings = ServeConfig(**{"gpus": "all", **overrides})  # the rest are serve settings
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), config=settings, **values)
 
 
 def _spec():

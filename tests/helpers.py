@@ -55,3 +55,8 @@ def config_action(matchers: dict, action: str, url: str, token: str, cooldown_se
 def stop_action(url: str, token: str, cooldown_seconds: float = 1800.0):
     """A relay config's action that stops the run on VerlNumericalCollapse."""
     return config_action({"alertname": "VerlNumericalCollapse"}, "stop", url, token, cooldown_seconds)
+
+
+def configure(ctx, **settings) -> None:
+    """Change serve settings of a collectors Context in place: its collectors read ctx.config at each sample."""
+    ctx.config = ctx.config.model_copy(update=settings)

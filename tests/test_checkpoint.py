@@ -37,6 +37,7 @@ from verl_exporter.sidecar.collectors import Context, Unavailable
 from verl_exporter.sidecar.collectors import checkpoint as checkpoint_collector
 from verl_exporter.sidecar.collectors.checkpoint import CheckpointCollector
 from verl_exporter.sidecar.collectors.sampler import Sampler
+from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
 GRACE = 900.0
@@ -518,8 +519,9 @@ class Clock:
 
 def make_ctx(ckpt_dir, clock=None, verify=False) -> Context:
     spec = load_spec()
-    return Context(spec=spec, self_metrics=SelfMetrics(spec), checkpoint_dir=None if ckpt_dir is None else
-                   str(ckpt_dir), checkpoint_grace_s=GRACE, checkpoint_verify=verify, clock=clock or Clock(T0))
+    settings = ServeConfig(checkpoint_dir=None if ckpt_dir is None else str(ckpt_dir), checkpoint_grace=GRACE,
+                           checkpoint_verify=verify)
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), config=settings, clock=clock or Clock(T0))
 
 
 def values(samples) -> dict:

@@ -6,9 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import configure
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors.disk import IGNORED_DEVICES, DiskCollector
+from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,7 +28,7 @@ class FakeClock:
 @pytest.fixture
 def ctx():
     spec = load_spec()
-    return Context(spec=spec, self_metrics=SelfMetrics(spec), procfs=str(T0), clock=FakeClock())
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), config=ServeConfig(procfs=str(T0)), clock=FakeClock())
 
 
 def by_series(samples) -> dict[tuple, float]:
@@ -83,7 +85,7 @@ def test_ignore_pattern(name, ignored):
 def test_counters_are_exported_as_the_kernel_has_them_resets_included(ctx):
     c = DiskCollector(ctx)
     c.sample()
-    ctx.procfs = str(T1)
+    configure(ctx, procfs=str(T1))
     second = list(c.sample())
     # dm-0 was re-created between t0 and t1: its counters restart, and are exported so (rate() takes the
     # drop for a reset, as for node_exporter's); a vanished device (vdb) is simply gone.
@@ -98,14 +100,14 @@ def test_counters_are_exported_as_the_kernel_has_them_resets_included(ctx):
 def test_a_bad_line_loses_only_its_device(ctx, tmp_path):
     text = (T0 / "diskstats").read_text()
     (tmp_path / "diskstats").write_text(text + "   8      16 sdb 1 2 x 4 5 6 7 8 9 10 11\n   8      32 sdc 1 2\n")
-    ctx.procfs = str(tmp_path)
+    configure(ctx, procfs=str(tmp_path))
     first = list(DiskCollector(ctx).sample())
     assert devices(first) == {"nvme0n1", "sda", "vda", "vdb", "dm-0", "mmcblk0"}
     assert ctx.self_metrics.value("verl_exporter_source_errors_total", component="disk") == 2
 
 
 def test_linux_5_4_format_with_15_columns(ctx):
-    ctx.procfs = str(FIXTURES / "proc_old")
+    configure(ctx, procfs=str(FIXTURES / "proc_old"))
     first = by_series(DiskCollector(ctx).sample())
     # sda 4100 250 329000 5200 900 120 88000 1400 0 6000 6600
     assert first == {

@@ -6,6 +6,7 @@ import errno
 import os
 
 import pytest
+from helpers import configure
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors import filesystem as filesystem_module
@@ -39,15 +40,15 @@ class FakeStatvfs:
 
 def test_size_and_avail_use_the_fragment_size_and_unprivileged_blocks(ctx, monkeypatch, tmp_path):
     monkeypatch.setattr(filesystem_module.os, "statvfs", lambda path: FakeStatvfs)
-    ctx.checkpoint_dir = str(tmp_path)
+    configure(ctx, checkpoint_dir=str(tmp_path))
     assert by_path(FilesystemCollector(ctx).sample()) == {
         str(tmp_path): {"size_bytes": 4096 * 1_000_000, "avail_bytes": 4096 * 250_000}}
 
 
 def test_checkpoint_dir_and_watch_paths_labelled_as_given(ctx, tmp_path):
     (tmp_path / "ckpt").mkdir()
-    ctx.checkpoint_dir = str(tmp_path / "ckpt")
-    ctx.watch_paths = (str(tmp_path) + "/", str(tmp_path / "ckpt"))  # the checkpoint dir twice: one series
+    configure(ctx, checkpoint_dir=str(tmp_path / "ckpt"))
+    configure(ctx, watch_paths=(str(tmp_path) + "/", str(tmp_path / "ckpt")))  # the checkpoint dir twice: one series
     got = by_path(FilesystemCollector(ctx).sample())
     assert list(got) == [str(tmp_path / "ckpt"), str(tmp_path) + "/"]
     st = os.statvfs(tmp_path)
@@ -57,8 +58,8 @@ def test_checkpoint_dir_and_watch_paths_labelled_as_given(ctx, tmp_path):
 
 
 def test_a_path_not_created_yet_has_no_series_and_is_no_error(ctx, tmp_path):
-    ctx.checkpoint_dir = str(tmp_path / "checkpoints")
-    ctx.watch_paths = (str(tmp_path),)
+    configure(ctx, checkpoint_dir=str(tmp_path / "checkpoints"))
+    configure(ctx, watch_paths=(str(tmp_path),))
     c = FilesystemCollector(ctx)
     assert list(by_path(c.sample())) == [str(tmp_path)]
     assert errors(ctx) == 0
@@ -68,8 +69,8 @@ def test_a_path_not_created_yet_has_no_series_and_is_no_error(ctx, tmp_path):
 
 def test_a_file_where_a_directory_should_be_is_counted(ctx, tmp_path):
     (tmp_path / "ckpt").write_text("not a directory")
-    ctx.checkpoint_dir = str(tmp_path / "ckpt" / "global_step_10")  # ENOTDIR, not ENOENT
-    ctx.watch_paths = (str(tmp_path),)
+    configure(ctx, checkpoint_dir=str(tmp_path / "ckpt" / "global_step_10"))  # ENOTDIR, not ENOENT
+    configure(ctx, watch_paths=(str(tmp_path),))
     assert list(by_path(FilesystemCollector(ctx).sample())) == [str(tmp_path)]
     assert errors(ctx) == 1
 
@@ -84,7 +85,7 @@ def test_permission_denied_is_counted(ctx, monkeypatch, tmp_path):
         return real_statvfs(path)
 
     monkeypatch.setattr(filesystem_module.os, "statvfs", statvfs)
-    ctx.watch_paths = (str(tmp_path / "private"), str(tmp_path))
+    configure(ctx, watch_paths=(str(tmp_path / "private"), str(tmp_path)))
     assert list(by_path(FilesystemCollector(ctx).sample())) == [str(tmp_path)]
     assert errors(ctx) == 1
 
@@ -96,7 +97,7 @@ def test_permission_denied_for_real_when_not_root(ctx, tmp_path):
     (locked / "inner").mkdir(parents=True)
     locked.chmod(0)
     try:
-        ctx.watch_paths = (str(locked / "inner"),)
+        configure(ctx, watch_paths=(str(locked / "inner"),))
         assert FilesystemCollector(ctx).sample() == []
         assert errors(ctx) == 1
     finally:
@@ -108,7 +109,7 @@ def test_nothing_to_watch(ctx):
 
 
 def test_real_root_filesystem(ctx):
-    ctx.watch_paths = ("/",)
+    configure(ctx, watch_paths=("/",))
     got = by_path(FilesystemCollector(ctx).sample())["/"]
     assert got["size_bytes"] > 0
     assert 0 <= got["avail_bytes"] <= got["size_bytes"]

@@ -11,11 +11,13 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import require_tool
+from helpers import configure
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import REGISTRY, Context
 from verl_exporter.sidecar.collectors.cpu import USER_HZ, CpuCollector
 from verl_exporter.sidecar.collectors.host import HostCollector
 from verl_exporter.sidecar.collectors.sampler import Sampler
+from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,7 +28,7 @@ KIB = 1024
 @pytest.fixture
 def ctx():
     spec = load_spec()
-    return Context(spec=spec, self_metrics=SelfMetrics(spec), procfs=str(T0))
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), config=ServeConfig(procfs=str(T0)))
 
 
 def by_series(samples) -> dict[tuple, float]:
@@ -72,7 +74,7 @@ def test_first_sample_has_cpu_counters_load_and_memory(ctx):
 def test_cpu_counters_follow_proc_stat(ctx):
     c, h = CpuCollector(ctx), HostCollector(ctx)
     c.sample()
-    ctx.procfs = str(T1)
+    configure(ctx, procfs=str(T1))
     second = list(c.sample()) + list(h.sample())
     ticks = dict(zip(MODES, (34992, 0, 5668, 148360, 900, 0, 436, 123), strict=True))
     assert cpu_seconds(second) == {mode: t / USER_HZ for mode, t in ticks.items()}
@@ -86,21 +88,21 @@ def test_iowait_going_backwards_is_held_so_that_rate_sees_no_reset(ctx, tmp_path
     stat.write_text(stat.read_text().replace("cpu  34992 0 5668 148360 900 ", "cpu  34992 0 5668 148360 700 "))
     c = CpuCollector(ctx)
     c.sample()  # iowait 750
-    ctx.procfs = str(tmp_path / "t1")
+    configure(ctx, procfs=str(tmp_path / "t1"))
     second = cpu_seconds(c.sample())
     # 750 -> 700 (proc(5): iowait may decrease) keeps 750, as node_exporter does: rate() would otherwise
     # read the step back as a counter reset and add the whole counter.
     assert second["iowait"] == 750 / USER_HZ
     assert second["user"] == 34992 / USER_HZ
-    ctx.procfs = str(T1)
+    configure(ctx, procfs=str(T1))
     assert cpu_seconds(c.sample())["iowait"] == 900 / USER_HZ  # and moves on once the kernel passes it
 
 
 def test_no_mode_ever_goes_down(ctx):
-    ctx.procfs = str(T1)
+    configure(ctx, procfs=str(T1))
     c = CpuCollector(ctx)
     first = cpu_seconds(c.sample())
-    ctx.procfs = str(T0)  # every column lower
+    configure(ctx, procfs=str(T0))  # every column lower
     second = cpu_seconds(c.sample())
     assert second == first
     assert errors(ctx) == 0
@@ -110,7 +112,7 @@ def test_one_unreadable_file_loses_only_its_own_metrics(ctx, tmp_path):
     shutil.copytree(T0, tmp_path / "p")
     (tmp_path / "p" / "loadavg").unlink()
     (tmp_path / "p" / "meminfo").write_text("MemTotal:       oops kB\nMemAvailable:   1000 kB\n")
-    ctx.procfs = str(tmp_path / "p")
+    configure(ctx, procfs=str(tmp_path / "p"))
     c = HostCollector(ctx)
     c.sample()
     second = list(c.sample())
@@ -126,7 +128,7 @@ def test_memavailable_missing_on_old_kernels(ctx, tmp_path):
     (tmp_path / "meminfo").write_text("MemTotal:        1024 kB\nMemFree:          512 kB\n")
     shutil.copy(T0 / "stat", tmp_path / "stat")
     shutil.copy(T0 / "loadavg", tmp_path / "loadavg")
-    ctx.procfs = str(tmp_path)
+    configure(ctx, procfs=str(tmp_path))
     first = list(HostCollector(ctx).sample())
     assert get(first, "verl_host_memory_total_bytes") == 1024 * KIB
     assert "verl_host_memory_available_bytes" not in names(first)
@@ -134,7 +136,7 @@ def test_memavailable_missing_on_old_kernels(ctx, tmp_path):
 
 
 def test_no_such_trainer_pid_is_not_an_error(ctx):
-    ctx.trainer_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
+    configure(ctx, trainer_pid=int(Path("/proc/sys/kernel/pid_max").read_text()) + 1)  # no process has it
     assert "verl_trainer_resident_memory_bytes" not in names(HostCollector(ctx).sample())
     assert errors(ctx) == 0
 
@@ -149,7 +151,7 @@ def test_trainer_rss_sums_the_process_tree_and_goes_away_with_it(ctx):
             assert time.monotonic() < deadline, "the trainer's child did not start"
             time.sleep(0.02)
         (child,) = psutil.Process(trainer.pid).children()
-        ctx.trainer_pid = trainer.pid
+        configure(ctx, trainer_pid=trainer.pid)
         c = HostCollector(ctx)
         rss = get(c.sample(), "verl_trainer_resident_memory_bytes")
         parent_rss, child_rss = psutil.Process(trainer.pid).memory_info().rss, child.memory_info().rss
@@ -165,7 +167,7 @@ def test_trainer_rss_sums_the_process_tree_and_goes_away_with_it(ctx):
         pass
     assert "verl_trainer_resident_memory_bytes" not in names(c.sample())
     # A process that later gets the same pid is not the trainer: the collector does not attach again.
-    ctx.trainer_pid = psutil.Process().pid
+    configure(ctx, trainer_pid=psutil.Process().pid)
     assert "verl_trainer_resident_memory_bytes" not in names(c.sample())
     assert errors(ctx) == 0
 
@@ -176,7 +178,7 @@ def test_descendants_are_listed_again_every_refresh_period(ctx):
 
     now = [1000.0]
     ctx.clock = lambda: now[0]
-    ctx.trainer_pid = psutil.Process().pid  # this test process plays the trainer
+    configure(ctx, trainer_pid=psutil.Process().pid)  # this test process plays the trainer
     c = HostCollector(ctx)
     c.sample()
     child = subprocess.Popen(["sleep", "60"])
@@ -199,7 +201,7 @@ def test_descendants_are_listed_again_every_refresh_period(ctx):
 
 
 def test_trainer_seen_from_this_process(ctx):
-    ctx.trainer_pid = psutil.Process().pid
+    configure(ctx, trainer_pid=psutil.Process().pid)
     rss = get(HostCollector(ctx).sample(), "verl_trainer_resident_memory_bytes")
     assert rss >= psutil.Process().memory_info().rss * 0.9
 
@@ -239,8 +241,9 @@ def test_sampler_with_all_host_collectors_passes_promtool(tree, tmp_path):
     spec = load_spec()
     self_metrics = SelfMetrics(spec)
     now = [100.0]
-    ctx = Context(spec=spec, self_metrics=self_metrics, procfs=str(T0) if tree == "fixtures" else "/proc",
-                  trainer_pid=psutil.Process().pid, checkpoint_dir=str(tmp_path), watch_paths=("/",),
+    settings = ServeConfig(procfs=str(T0) if tree == "fixtures" else "/proc", trainer_pid=psutil.Process().pid,
+                           checkpoint_dir=str(tmp_path), watch_paths=("/",))
+    ctx = Context(spec=spec, self_metrics=self_metrics, config=settings,
                   clock=(lambda: now[0]) if tree == "fixtures" else time.time)
     registry = REGISTRY
     collectors = []
@@ -253,7 +256,8 @@ def test_sampler_with_all_host_collectors_passes_promtool(tree, tmp_path):
     for c in collectors:
         assert sampler.run_once(c)
     if tree == "fixtures":
-        ctx.procfs, now[0] = str(T1), now[0] + 2.0
+        configure(ctx, procfs=str(T1))
+        now[0] += 2.0
     else:
         time.sleep(0.2)
     for c in collectors:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import configure
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors.network import MAX_INTERFACES, VIRTUAL_INTERFACES, NetworkCollector
+from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -17,7 +19,7 @@ HEADER = (FIXTURES / "proc_t0" / "net" / "dev").read_text().splitlines(keepends=
 @pytest.fixture
 def ctx():
     spec = load_spec()
-    return Context(spec=spec, self_metrics=SelfMetrics(spec), procfs=str(FIXTURES / "proc_t0"))
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), config=ServeConfig(procfs=str(FIXTURES / "proc_t0")))
 
 
 def by_series(samples) -> dict[tuple, float]:
@@ -66,19 +68,19 @@ def test_virtual_pattern(name, virtual):
 
 def test_at_most_32_interfaces_and_the_rest_counted(ctx, tmp_path):
     lines = [f"{'eth' + str(i):>6}: {i} 1 0 0 0 0 0 0 {i} 1 0 0 0 0 0 0\n" for i in range(40)]
-    ctx.procfs = write_dev(tmp_path, lines)
+    configure(ctx, procfs=write_dev(tmp_path, lines))
     got = NetworkCollector(ctx).sample()
     assert interfaces(got) == [f"eth{i}" for i in range(MAX_INTERFACES)]
     assert ctx.self_metrics.value("verl_exporter_series_dropped_total", reason="series_cap") == 40 - MAX_INTERFACES
 
 
 def test_old_kernel_format_and_a_bad_line(ctx, tmp_path):
-    ctx.procfs = write_dev(tmp_path, [
+    configure(ctx, procfs=write_dev(tmp_path, [
         "  eth0:1234 10 1 2 0 0 0 0 5678 9 3 4 0 0 0 0\n",  # no space after the colon
         "  eth1: 1 2 3\n",  # truncated
         "garbage\n",
         "  eth2: 7 1 0 0 0 0 0 0 8 1 0 0 0 0 0 0\n",
-    ])
+    ]))
     got = by_series(NetworkCollector(ctx).sample())
     assert got[("bytes_total", "eth0", "receive")] == 1234
     assert got[("drops_total", "eth0", "transmit")] == 4

@@ -8,9 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import configure
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context, Unavailable
 from verl_exporter.sidecar.collectors.pressure import PressureCollector
+from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -21,7 +23,7 @@ STALL = "verl_host_pressure_stall_seconds_total"
 @pytest.fixture
 def ctx():
     spec = load_spec()
-    return Context(spec=spec, self_metrics=SelfMetrics(spec), procfs=str(T0))
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), config=ServeConfig(procfs=str(T0)))
 
 
 def stalls(samples) -> dict[tuple[str, str], float]:
@@ -44,14 +46,14 @@ def test_totals_in_seconds(ctx):
         ("io", "some"): 5.574146, ("io", "full"): 4.900503,
         ("memory", "some"): 0.001024, ("memory", "full"): 0.000512,
     })
-    ctx.procfs = str(T1)  # the files are read afresh each time; the counters only grow
+    configure(ctx, procfs=str(T1))  # the files are read afresh each time; the counters only grow
     later = stalls(c.sample())
     assert later[("cpu", "some")] - 13.082395 == pytest.approx(0.5)
     assert later[("io", "full")] - 4.900503 == pytest.approx(0.8)
 
 
 def test_cpu_without_full_line_on_older_kernels(ctx):
-    ctx.procfs = str(FIXTURES / "proc_old")
+    configure(ctx, procfs=str(FIXTURES / "proc_old"))
     got = stalls(PressureCollector(ctx).sample())
     assert set(got) == {("cpu", "some"), ("io", "some"), ("io", "full"), ("memory", "some"), ("memory", "full")}
     assert got[("cpu", "some")] == pytest.approx(42.0)
@@ -59,7 +61,7 @@ def test_cpu_without_full_line_on_older_kernels(ctx):
 
 
 def test_no_pressure_directory_is_unavailable(ctx, tmp_path):
-    ctx.procfs = str(tmp_path)
+    configure(ctx, procfs=str(tmp_path))
     with pytest.raises(Unavailable, match="PSI"):
         PressureCollector(ctx)
 
@@ -81,7 +83,7 @@ def test_a_bad_line_loses_only_itself(ctx, tmp_path):
         "full avg10=0.00 avg60=0.05 avg300=0.14 total=many\n"
         "half avg10=0.00 total=1\n")
     (tmp_path / "p" / "pressure" / "memory").unlink()  # absent at start: not read at all, not an error
-    ctx.procfs = str(tmp_path / "p")
+    configure(ctx, procfs=str(tmp_path / "p"))
     c = PressureCollector(ctx)
     (tmp_path / "p" / "pressure" / "cpu").unlink()  # gone after start: that resource alone is lost
     got = stalls(c.sample())

@@ -354,7 +354,7 @@ def test_the_build_context_is_enough_to_build_the_package(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("verl_exporter-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     spec_files = [p.relative_to(REPO / "exporter").as_posix()
-                  for p in (REPO / "exporter/verl_exporter/spec/metrics").glob("*.yaml")]
+                  for p in (REPO / "exporter/verl_exporter/spec/metrics").rglob("*.yaml")]
     for needed in ("verl_exporter/cli.py", *spec_files, "verl_exporter/tools/replay.py"):
         assert needed in names, f"{needed} missing from the wheel built from the image's context"
     assert any(n.startswith("verl_exporter/render/templates/") for n in names)

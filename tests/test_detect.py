@@ -26,7 +26,7 @@ def feed(det: SignalDetector, values, start: int = 1) -> list[dict]:
 
 
 def test_nothing_is_judged_before_min_steps_distinct_steps():
-    det = SignalDetector(SignalSpec("x", "m", min_steps=10))
+    det = SignalDetector(SignalSpec(signal="x", min_steps=10))
     for step in range(1, 11):
         stats = det.observe(step, 1.0)
         det.observe(step, 99.0)  # a repeated step (duplicate line) is not a new step
@@ -36,7 +36,7 @@ def test_nothing_is_judged_before_min_steps_distinct_steps():
 
 
 def test_a_rising_learning_curve_is_a_trend_not_a_deviation():
-    det = SignalDetector(SignalSpec("score", "m", floor=0.01, rel_floor=0))
+    det = SignalDetector(SignalSpec(signal="score", floor=0.01, rel_floor=0))
     stats = feed(det, rising(300))
     assert max(s.get("sustained_drop_zscore", 0) for s in stats) < 4
     assert max(s.get("sustained_rise_zscore", 0) for s in stats) < 4
@@ -44,7 +44,7 @@ def test_a_rising_learning_curve_is_a_trend_not_a_deviation():
 
 def test_a_fall_while_the_curve_still_rises_is_caught_within_hold_steps():
     """Issue 11: mean score 0.6 -> 0.02 within a few steps, an hour into a healthy run still rising."""
-    det = SignalDetector(SignalSpec("score", "m", floor=0.01, rel_floor=0, hold=3))
+    det = SignalDetector(SignalSpec(signal="score", floor=0.01, rel_floor=0, hold=3))
     feed(det, rising(100))
     after = feed(det, [0.02, 0.03, 0.02, 0.01], start=101)
     assert "sustained_drop_zscore" in after[2] and after[2]["sustained_drop_zscore"] > 5
@@ -54,7 +54,7 @@ def test_a_fall_while_the_curve_still_rises_is_caught_within_hold_steps():
 def test_one_bad_batch_is_not_sustained():
     """Issue 11: a one-step dip (-0.47 against -0.30...-0.38) must not count as a collapse."""
     rng = random.Random(3)
-    det = SignalDetector(SignalSpec("score", "m", floor=0.01, rel_floor=0, hold=3))
+    det = SignalDetector(SignalSpec(signal="score", floor=0.01, rel_floor=0, hold=3))
     values = [-0.34 + rng.uniform(-0.04, 0.04) for _ in range(40)]
     values[30] = -0.47
     stats = feed(det, values)
@@ -63,7 +63,7 @@ def test_one_bad_batch_is_not_sustained():
 
 
 def test_level_peak_and_floor_follow_the_running_median():
-    det = SignalDetector(SignalSpec("e", "m", level_steps=5))
+    det = SignalDetector(SignalSpec(signal="e", level_steps=5))
     stats = feed(det, [1.0] * 12 + [3.0] * 6 + [0.5] * 6)
     assert stats[17]["level"] == 3.0 and stats[-1]["peak_level"] == 3.0
     assert stats[-1]["floor_level"] == 0.5 and stats[-1]["level"] == 0.5
@@ -73,7 +73,7 @@ def test_a_few_dips_do_not_set_the_trailing_floor():
     """A GRPO run's gradient norm falls near 0 on the odd step whose every answer scored alike (advantage 0): a few
     such dips in the running level must not make the ordinary level read as many times the floor (a healthy
     public run raised VerlGradNormGrowing 10 times while the floor was the plain lowest level)."""
-    det = SignalDetector(SignalSpec("g", "m", level_steps=1, trail=100))
+    det = SignalDetector(SignalSpec(signal="g", level_steps=1, trail=100))
     values = [0.005 if i % 20 == 7 else 0.05 for i in range(120)]  # 6 dips in 120 steps, 5 within the trail
     last = feed(det, values)[-1]
     assert last["level"] / last["trailing_floor"] < 1.5
@@ -105,7 +105,7 @@ def test_steps_without_a_policy_gradient_do_not_feed_the_gradient_norm():
 def test_trailing_extremes_follow_a_long_runs_slow_drift():
     """Issue 24: a gradient norm that triples over 600 steps (a healthy long run) stays within 1.25x of its lowest
     level of the last 100 steps, though it is 3x its lowest level of the run; a tripling within 20 steps is not."""
-    det = SignalDetector(SignalSpec("g", "m", trail=100))
+    det = SignalDetector(SignalSpec(signal="g", trail=100))
     slow = feed(det, [0.2 * 3 ** (i / 600) for i in range(601)])[-1]
     assert slow["level"] / slow["floor_level"] > 2.9 and slow["level"] / slow["trailing_floor"] < 1.25
     assert slow["trailing_peak"] == slow["level"]
@@ -220,10 +220,10 @@ def test_a_huge_integer_in_a_logged_line_costs_only_that_value(tmp_path):
 def resumed(first: list[float], resume_at: int, second: list[float], **spec) -> tuple[SignalDetector, SignalDetector]:
     """A detector fed steps 1..len(first), then a run resumed at `resume_at` logging `second`; and one fed only
     what the run's history is after the resume (steps before resume_at, then the resumed ones)."""
-    det = SignalDetector(SignalSpec("x", "m", **spec))
+    det = SignalDetector(SignalSpec(signal="x", **spec))
     feed(det, first)
     feed(det, second, start=resume_at)
-    fresh = SignalDetector(SignalSpec("x", "m", **spec))
+    fresh = SignalDetector(SignalSpec(signal="x", **spec))
     feed(fresh, first[: resume_at - 1])
     feed(fresh, second, start=resume_at)
     return det, fresh
@@ -245,7 +245,7 @@ def test_a_resume_supersedes_the_peak_and_floor_reached_after_the_resume_point()
 
 
 def test_a_resume_from_before_the_whole_window_starts_the_signal_again():
-    det = SignalDetector(SignalSpec("x", "m", window=10, trail=10))
+    det = SignalDetector(SignalSpec(signal="x", window=10, trail=10))
     feed(det, rising(50))
     stats = det.observe(3, 0.5)  # resumed from a checkpoint 47 steps back: nothing left to compare with
     assert list(det.values) == [0.5] and stats["steps"] == 1.0 and "zscore" not in stats
@@ -308,7 +308,7 @@ def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
     # two resumes in a row: the second goes back past what the detector kept after the first (found in CI)
     @example([("run", [0.0] * 6), ("run", [0.0] * 15), ("resume", 5, [0.0]), ("resume", 7, [0.0, 0.0])])
     def check(evs):
-        spec = SignalSpec("x", "m", window=10, hold=3, level_steps=5, min_steps=10)
+        spec = SignalSpec(signal="x", window=10, hold=3, level_steps=5, min_steps=10)
         det, standing, short = SignalDetector(spec), [], False
         for ev in evs:
             if ev[0] == "run":
@@ -346,7 +346,7 @@ def test_any_sequence_of_resumes_leaves_the_state_of_the_run_as_it_stands():
 
 
 def test_held_max_is_the_highest_of_the_last_hold_steps_from_the_first_hold_steps():
-    det = SignalDetector(SignalSpec("length", "m", hold=3))
+    det = SignalDetector(SignalSpec(signal="length", hold=3))
     stats = feed(det, [300.0, 2.0, 1.0, 1.0])
     assert "held_max" not in stats[1]  # fewer than hold steps: nothing held yet
     assert [s["held_max"] for s in stats[2:]] == [300.0, 2.0]

@@ -19,6 +19,7 @@ from verl_exporter.render.rule_tests import expand
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors.cpu import CpuCollector
 from verl_exporter.sidecar.collectors.disk import DiskCollector
+from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -59,7 +60,7 @@ def promtool_test(tmp_path: Path, tests: list[dict]) -> subprocess.CompletedProc
 
 def context(procfs: Path) -> Context:
     spec = load_spec()
-    return Context(spec=spec, self_metrics=SelfMetrics(spec), procfs=str(procfs), clock=Clock())
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), config=ServeConfig(procfs=str(procfs)), clock=Clock())
 
 
 # ---------------------------------------------------------------------- the ratios, as the old gauges had them

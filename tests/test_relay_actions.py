@@ -176,8 +176,12 @@ def test_a_forensics_answer_becomes_a_page_the_robot_can_show(servers):
     receiver, asked, got = pages[0]
     assert receiver == "training-critical" and asked.name == "VerlTrainingStalled" and got == answer
     assert sidecar.requests[0]["path"] == "/control/forensics"
-    page = evidence_alert(asked, got)
-    assert page.name == "VerlHangForensics" and page.annotations["description"] == verdict
+    notice = metrics.spec.notice("VerlHangForensics")  # its severity and texts are the spec's
+    page = evidence_alert(asked, got, metrics.spec)
+    assert (page.name, page.severity) == (notice.alert, notice.severity) and page.annotations["description"] == verdict
+    assert page.annotations["summary"] == notice.texts({"alert": "VerlTrainingStalled", "processes": 8, "instance": "?",
+                                                        "path": "/var/lib/forensics/capture-1.json"})["summary"]
+    assert "{" not in page.annotations["summary"]  # the relay fills every placeholder the spec's text has
     [message] = format_messages([page], robot_target("dingtalk", "http://x", "t", "dt"))
     text = json.loads(message.body)["markdown"]["text"]
     assert "rank 7 is in reward_fn → compute_score" in text and "capture-1·json" in text

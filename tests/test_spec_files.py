@@ -1,5 +1,6 @@
-"""The spec as a directory of files, one per area: they load as one spec, each problem names the file and line
-it is in, a name declared in two files names both, and a single-file spec loads as before."""
+"""The spec as a directory of files, one per area (and an area's sub-area files in its folder): they load as
+one spec, each problem names the file and line it is in, a name declared in two files names both, and a
+single-file spec loads as before."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from verl_exporter.spec import SpecError, load_spec, parse_spec, spec_document
+from verl_exporter.spec import SpecError, area_files, load_spec, parse_spec, spec_document
 
 PACKAGED = Path(__file__).resolve().parent.parent / "exporter/verl_exporter/spec/metrics"
-POINTER = "# yaml-language-server: $schema=../../../../docker/schemas/spec.schema.json\n"
+SCHEMA = "docker/schemas/spec.schema.json"  # from the repository's root, which is 4 folders above an area file
 
 
 def metric(name: str, **more) -> dict:
@@ -21,6 +22,7 @@ def metric(name: str, **more) -> dict:
 def write(folder: Path, files: dict[str, dict]) -> list[Path]:
     folder.mkdir()
     for name, doc in files.items():
+        (folder / name).parent.mkdir(exist_ok=True)  # a sub-area file: NN-area/<sub-area>.yaml
         (folder / name).write_text(yaml.safe_dump(doc, sort_keys=False))
     return [folder / name for name in files]
 
@@ -30,7 +32,7 @@ def line_of(path: Path, text: str) -> int:
 
 
 def test_the_directory_loads_as_the_concatenation_of_its_files():
-    docs = [yaml.safe_load(p.read_text()) for p in sorted(PACKAGED.glob("*.yaml"))]
+    docs = [yaml.safe_load(p.read_text()) for _, p in area_files(PACKAGED)]
     whole = {k: v for doc in docs for k, v in doc.items() if k not in ("metrics", "alerts")}
     whole["metrics"] = [m for doc in docs for m in doc.get("metrics", [])]
     whole["alerts"] = [a for doc in docs for a in doc.get("alerts", [])]
@@ -131,9 +133,58 @@ def test_an_empty_directory_is_refused(tmp_path):
 
 
 def test_each_area_file_is_small_and_points_to_the_schema():
-    files = sorted(PACKAGED.glob("*.yaml"))
-    assert re.match(r"00-", files[0].name), "the settings file sorts first"
-    for path in files:
+    """An area that grows gets sub-area files (NN-area/<sub-area>.yaml): a new metric goes to a new file of its
+    area, no file is split to make room."""
+    files = area_files(PACKAGED)
+    assert re.match(r"00-", files[0][0]), "the settings file sorts first"
+    for name, path in files:
         text = path.read_text()
-        assert text.count("\n") <= 800, f"{path.name} has {text.count(chr(10))} lines: split its area in two"
-        assert text.startswith(POINTER), path.name
+        assert text.count("\n") <= 800, f"{name} has {text.count(chr(10))} lines: give its area a sub-area file " \
+                                        f"({name.split('/')[0].removesuffix('.yaml')}/<sub-area>.yaml)"
+        pointer = f"# yaml-language-server: $schema={'../' * (4 + name.count('/'))}{SCHEMA}\n"
+        assert text.startswith(pointer), name
+
+
+def test_an_area_grows_by_sub_area_files_that_load_after_it_and_name_their_own_lines(tmp_path):
+    root = tmp_path / "spec"
+    write(root, {
+        "00-spec.yaml": {"version": 1},
+        "10-a.yaml": {"metrics": [metric("verl_a")]},
+        "10-a/critic.yaml": {"metrics": [metric("verl_c")]},
+        "10-a/actor.yaml": {"metrics": [metric("verl_b")], "alerts": []},
+        "20-b.yaml": {"metrics": [metric("verl_d")]},
+        "notes/other.yaml": {"not": "a spec file"},  # not an area's folder: not the spec's
+    })
+    assert [n for n, _ in area_files(root)] == ["00-spec.yaml", "10-a.yaml", "10-a/actor.yaml", "10-a/critic.yaml",
+                                                "20-b.yaml"]
+    assert [m.name for m in load_spec(root).metrics] == ["verl_a", "verl_b", "verl_c", "verl_d"]
+    critic = root / "10-a/critic.yaml"
+    critic.write_text(yaml.safe_dump({"metrics": [metric("verl_c"), metric("verl_e", type="histogram")]}))
+    with pytest.raises(SpecError) as e:
+        load_spec(root)
+    assert e.value.problems == [f"{critic}:{line_of(critic, 'histogram')}: metrics.1.type: must be one of 'gauge' "
+                                "or 'counter', got 'histogram'"]
+    critic.write_text(yaml.safe_dump({"metrics": [metric("verl_a", source=[{"match": "other"}])]}))
+    with pytest.raises(SpecError) as e:
+        load_spec(root)
+    first = root / "10-a.yaml"
+    assert e.value.problems == [f"{critic}:{line_of(critic, 'verl_a')}: metrics.0.name: metric 'verl_a' is declared "
+                                f"twice (first at {first}:{line_of(first, 'verl_a')})"]
+
+
+def test_a_notice_named_like_an_alert_is_refused_and_its_texts_fill_each_placeholder_once(tmp_path):
+    alert = {"alert": "VerlX", "kind": "threshold", "severity": "warning", "threshold": 1, "summary": "S.",
+             "description": "D."}
+    notice = {"alert": "VerlX", "severity": "critical", "summary": "Saw {what} at {where}.", "description": "{what}"}
+    settings, _ = write(tmp_path / "spec", {
+        "00-spec.yaml": {"version": 1, "notices": [notice]},
+        "10-a.yaml": {"metrics": [metric("verl_a", alerts=[alert])]},
+    })
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "spec")
+    assert e.value.problems == [f"{settings}:{line_of(settings, 'VerlX')}: notices.0.alert: alert 'VerlX' is "
+                                "declared twice (first at "
+                                f"{tmp_path / 'spec/10-a.yaml'}:{line_of(tmp_path / 'spec/10-a.yaml', 'VerlX')})"]
+    (settings).write_text(yaml.safe_dump({"version": 1, "notices": [{**notice, "alert": "VerlY"}]}))
+    texts = load_spec(tmp_path / "spec").notice("VerlY").texts({"what": "{where}", "other": 1})
+    assert texts == {"summary": "Saw {where} at {where}.", "description": "{where}"}  # a value is not re-filled

@@ -201,23 +201,17 @@ def _announce(path: str) -> None:
     print(f"verl-exporter: using overrides {path}", file=sys.stderr)
 
 
-def _load_effective(spec_path, overrides):
-    """(the spec with the overrides applied, the loaded overrides or None), or (None, None) after printing
-    why they cannot be used."""
-    from .spec import SpecError, load_spec
-    from .spec.overrides import OverridesError, apply_overrides, load_overrides, resolve_path
+def _load_with_overrides(spec_path, overrides):
+    """The spec with the overrides file (spec.overrides.SpecWithOverrides), or None after printing why they
+    cannot be used."""
+    from .spec import SpecError
+    from .spec.overrides import OverridesError, load_with_overrides
 
     try:
-        spec = load_spec(spec_path)
-        path = resolve_path(overrides)
-        if path is None:
-            return spec, None
-        _announce(path)
-        loaded = load_overrides(path)
-        return apply_overrides(spec, loaded), loaded
+        return load_with_overrides(spec_path, overrides, _announce)
     except (SpecError, OverridesError) as e:
         print(f"verl-exporter: {e}", file=sys.stderr)
-        return None, None
+        return None
 
 
 def _load_spec(path):
@@ -265,10 +259,10 @@ def cmd_spec(args) -> int:
 def _cmd_breaker(args) -> int:
     from .trainer.breaker import judged_alerts
 
-    eff, _ = _load_effective(args.spec, args.overrides)
-    if eff is None:
+    loaded = _load_with_overrides(args.spec, args.overrides)
+    if loaded is None:
         return 1
-    judged, blind = judged_alerts(eff)
+    judged, blind = judged_alerts(loaded.effective)
     if args.json:
         json.dump({"judged": [{"alert": a.alert, "kind": a.kind, "for": a.for_} for a in judged],
                    "not_judged": [{"alert": name, "why": why} for name, why in blind.items()]}, sys.stdout, indent=2)
@@ -288,11 +282,10 @@ def _cmd_breaker(args) -> int:
 def _cmd_knobs(args) -> int:
     from .spec.overrides import knob_table
 
-    eff, loaded = _load_effective(args.spec, args.overrides)
-    if eff is None:
+    loaded = _load_with_overrides(args.spec, args.overrides)
+    if loaded is None:
         return 1
-    base = _load_spec(args.spec)
-    rows = knob_table(base, loaded)
+    rows = knob_table(loaded.declared, loaded.overrides)
     if args.changed:
         rows = [r for r in rows if r.source != "spec"]
     if args.json:
@@ -305,7 +298,7 @@ def _cmd_knobs(args) -> int:
     for c in [header, *cells]:
         print("  ".join(x.ljust(w) for x, w in zip(c[:3], widths, strict=True)) + "  " + c[3])
     changed = sum(r.source != "spec" for r in rows)
-    origin = loaded.origin if loaded else "nothing (the spec's defaults)"
+    origin = loaded.overrides.origin if loaded.overrides else "nothing (the spec's defaults)"
     print(f"\n{changed} knob(s) set by {origin}" + ("" if args.changed else f", of {len(rows)}"))
     return 0
 
@@ -316,9 +309,10 @@ def cmd_generate(args) -> int:
     from .render import generate
     from .tools.schemas import schema_files
 
-    spec, _ = _load_effective(args.spec, args.overrides)
-    if spec is None:
+    loaded = _load_with_overrides(args.spec, args.overrides)
+    if loaded is None:
         return 1
+    spec = loaded.effective
     if args.relay_url:
         spec = spec.model_copy(update={"rules": spec.rules.model_copy(update={"relay_url": args.relay_url})})
     out = Path(args.out)
@@ -387,8 +381,7 @@ def _calibrate(args) -> int:
     import shutil
     from pathlib import Path
 
-    from .spec import load_spec
-    from .spec.overrides import OverridesError, load_overrides, resolve_path
+    from .spec.overrides import OverridesError, resolve_path
     from .tools import calibrate as cb
     from .tools.backtest import _progress
     from .tools.replay import NotAVerlLog
@@ -404,15 +397,14 @@ def _calibrate(args) -> int:
         print("verl-exporter: checking the proposal needs promtool (Debian: apt-get install prometheus); "
               "or pass --no-verify", file=sys.stderr)
         return 2
-    spec = load_spec()
+    loaded = _load_with_overrides(None, base_path or "")
+    if loaded is None:
+        return 2
+    spec = loaded.declared
     try:
-        base = None
-        if base_path:
-            _announce(base_path)
-            base = load_overrides(base_path)
         progress = None if args.no_progress else (lambda name: _progress(name))
-        result, runs = cb.calibrate(args.runs, spec, base, margin=args.margin, step_seconds=args.step_seconds,
-                                    progress=progress, max_steps=args.max_steps)
+        result, runs = cb.calibrate(args.runs, spec, loaded.overrides, margin=args.margin,
+                                    step_seconds=args.step_seconds, progress=progress, max_steps=args.max_steps)
     except OverridesError as e:
         print(f"verl-exporter: {e}", file=sys.stderr)
         return 2

@@ -36,7 +36,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Literal, Protocol, get_args
+from typing import Annotated, Any, Literal, Protocol, get_args
+
+from pydantic import BeforeValidator, Field, PrivateAttr, field_validator, model_validator
+
+from .models import StrictModel
 
 # The gauges a signal may export (each declared in the spec as verl_detector_<stat>, label `signal`).
 Stat = Literal["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
@@ -44,6 +48,7 @@ Stat = Literal["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscor
                "window_max", "spike_ratio", "held_min", "held_max", "slope_per_second"]
 STATS: tuple[Stat, ...] = get_args(Stat)
 MIN_STEPS_FLOOR = 10  # no adaptive alert may fire before this many distinct steps
+SIGNAL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _MAD_TO_SIGMA = 1.4826 / math.sqrt(2.0)  # MAD of differences of N(0, s) noise -> s
 STEP_METRIC = "verl_timing_seconds"  # its phase=step series is the step's duration, under each verl key scheme
 
@@ -139,23 +144,53 @@ def _trailing(levels: Iterable[float], q: float) -> float:
     return ordered[round(q * (len(ordered) - 1))]
 
 
-@dataclass(frozen=True)
-class SignalSpec:
-    """One adaptive signal: which metric series feeds it and how its baseline is built (from the spec)."""
+def _listed(value: Any) -> Any:
+    """The file's list of statistics is the tuple the frozen model keeps."""
+    return tuple(value) if isinstance(value, list) else value
 
-    name: str
-    metric: str
-    labels: tuple[tuple[str, str], ...] = ()
-    window: int = 30  # steps in the baseline window
-    hold: int = 3  # steps a deviation must last to count as sustained
-    level_steps: int = 5  # steps in the running level (a median)
-    trail: int = 100  # steps whose running levels trailing_peak / trailing_floor cover
-    min_steps: int = MIN_STEPS_FLOOR
-    floor: float = 0.0  # absolute floor of the spread
-    rel_floor: float = 0.02  # floor of the spread as a share of |expected|
-    trend: bool = True  # project the window's trend (off for values that should be flat)
-    skip_when_zero: str | None = None  # a metric: a step on which it is exactly 0 carries no value of this signal
-    export: tuple[str, ...] = ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore")
+
+class SignalSpec(StrictModel):
+    """One adaptive signal, an entry of a metric's `detect:`: which series of the metric feeds it and how its
+    step-domain baseline is built. The file's entry is the runtime's object; the metric is its entry's."""
+
+    name: str = Field(alias="signal", pattern=SIGNAL_NAME_RE.pattern)
+    labels: dict[str, str] = Field(default_factory=dict, description="a value for each of the metric's labels")
+    window: int = Field(30, ge=MIN_STEPS_FLOOR, description="steps in the baseline window")
+    hold: int = Field(3, ge=1, description="steps a deviation must last to count as sustained")
+    level_steps: int = Field(5, ge=1, description="steps in the running level (a median)")
+    trail: int = Field(100, ge=MIN_STEPS_FLOOR, description="steps whose running levels trailing_peak and "
+                       "trailing_floor cover")
+    min_steps: int = Field(MIN_STEPS_FLOOR, ge=MIN_STEPS_FLOOR, description="steps before it judges")
+    floor: float = Field(0.0, ge=0, description="absolute floor of the spread")
+    rel_floor: float = Field(0.02, ge=0, description="floor of the spread as a share of |expected|")
+    trend: bool = Field(True, description="project the window's trend (off for values that should be flat)")
+    skip_when_zero: str | None = Field(
+        None, description="a metric of the spec: a step on which it is exactly 0 carries no value of this signal "
+                          "(e.g. the gradient norm of a step whose policy loss is 0: every group scored alike)")
+    # the file's list; held with "steps" first (every signal exports how many steps it holds)
+    export: Annotated[tuple[Stat, ...], BeforeValidator(_listed, json_schema_input_type=list[Stat])] = \
+        ("steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore")
+    _metric: str = PrivateAttr("")
+
+    @field_validator("export")
+    @classmethod
+    def _steps_first(cls, export: tuple[Stat, ...]) -> tuple[Stat, ...]:
+        return export if "steps" in export else ("steps", *export)
+
+    @model_validator(mode="after")
+    def _min_steps(self) -> SignalSpec:
+        if self.min_steps > self.window:
+            raise ValueError("min_steps cannot exceed window")
+        return self
+
+    @property
+    def metric(self) -> str:
+        """The metric whose series feeds it (set by the spec from the entry's metric)."""
+        return self._metric
+
+    def on_metric(self, metric: str) -> SignalSpec:
+        self._metric = metric
+        return self
 
 
 def keys_of(metric: MetricView, labels: Mapping[str, str]) -> list[tuple[str, float]]:

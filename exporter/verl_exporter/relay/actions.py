@@ -10,8 +10,9 @@ or stop the run (see ``verl_exporter/sidecar/control.py``).
 
 ``action: forensics`` (on the stall alerts) asks the sidecar to capture the trainer's stacks now
 (sidecar/forensics.py, its --forensics-dir on); the sidecar answers with its verdict across the ranks it
-captured and where the dumps are, and the relay sends that as a page of its own, VerlHangForensics, to the
-receiver of the alert that asked (``on_evidence``), within the robots' limits as every message.
+captured and where the dumps are, and the relay sends that as a page of its own, the spec's notice
+VerlHangForensics, to the receiver of the alert that asked (``on_evidence``), within the robots' limits as
+every message.
 
 Off unless configured (config.Action is the model of an entry). Only firing alerts trigger; each call
 is logged and counted in verl_relay_actions_total{action,result}; the token is a Secret and never logged.
@@ -37,6 +38,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..exposition.selfmetrics import SelfMetric
+from ..spec import Spec
 from .config import Action
 from .metrics import RelayMetrics
 from .nofollow import OPENER
@@ -44,7 +46,7 @@ from .payload import Alert
 
 ACTIONS = SelfMetric("verl_relay_actions_total")
 
-EVIDENCE_ALERT = "VerlHangForensics"
+EVIDENCE_ALERT = "VerlHangForensics"  # the spec's notice (its severity and texts are declared there)
 
 log = logging.getLogger(__name__)
 
@@ -167,15 +169,15 @@ class ActionRunner:
         return "failed", {}
 
 
-def evidence_alert(alert: Alert, answer: Answer) -> Alert:
-    """The page a forensics answer becomes: the alert's labels under its own name, the verdict as its text.
+def evidence_alert(alert: Alert, answer: Answer, spec: Spec) -> Alert:
+    """The page a forensics answer becomes: the alert's labels under the name and severity of the spec's notice
+    EVIDENCE_ALERT, its texts filled in with the answer (the verdict, how many processes, where the dumps are).
 
     The sidecar's answer is data from the node: format.py escapes it and keeps it within the robots' limits."""
-    where = str(answer.get("path") or "")
-    host = str(alert.labels.get("instance", ""))
-    labels = {**alert.labels, "alertname": EVIDENCE_ALERT}
-    annotations = {"summary": f"Stacks captured for {alert.name}: {answer.get('processes', 0)} process(es), "
-                              f"full dumps in {where}" + (f" on {host}" if host else ""),
-                   "description": str(answer.get("verdict", ""))}
+    notice = spec.notice(EVIDENCE_ALERT)
+    labels = {**alert.labels, "alertname": notice.alert, "severity": notice.severity}
+    annotations = notice.texts({"alert": alert.name, "processes": answer.get("processes", 0),
+                                "path": answer.get("path") or "", "instance": alert.labels.get("instance") or "?",
+                                "verdict": answer.get("verdict", "")})
     return replace(alert, status="firing", labels=labels, annotations=annotations,
                    starts_at=datetime.now(timezone.utc), ends_at=None, generator_url="", fingerprint="")

@@ -228,7 +228,7 @@ class Relay:
     def _evidence(self, receiver: str, alert: Alert, answer: Json) -> None:
         """Page a forensics action's answer: the verdict and where the dumps are, as an alert of its own."""
         try:
-            self.dispatcher.submit(receiver, [evidence_alert(alert, answer)])
+            self.dispatcher.submit(receiver, [evidence_alert(alert, answer, self.metrics.spec)])
         except (QueueFull, Draining) as e:
             log.warning("action: the forensics verdict for %s was not queued (%s)", alert.name[:100], e)
 

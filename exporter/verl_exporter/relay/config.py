@@ -37,6 +37,7 @@ from typing_extensions import Self
 from ..core.models import FileError, KeyPath, Lines, StrictModel, json_schema, read_yaml, validate
 from ..exposition.app import parse_listen
 from ..spec import RulesConfig
+from ..spec.rules import Severity
 
 if TYPE_CHECKING:
     from .senders import SendResult
@@ -223,7 +224,6 @@ else:
 TemplateFile = Annotated[PathText, AfterValidator(_template)]
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 LabelName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
-Severity = Literal["critical", "warning", "info"]
 Mobile = Annotated[str, StringConstraints(pattern=r"^\+?[0-9][0-9-]{4,19}$")]
 UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")]
 HttpUrl = Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]

@@ -25,7 +25,8 @@ class RelayMetrics(SpecSeries):
     """Counters and gauges of the relay; gauges of the queues are read from a callback at scrape time."""
 
     def __init__(self, spec: Spec | None = None):
-        super().__init__(spec or load_spec(), "relay")
+        self.spec = spec or load_spec()  # the relay's own pages (notices) are declared there too
+        super().__init__(self.spec, "relay")
         self._receivers: set[str] = set()
         # () -> {target: (depth, oldest age in seconds)}, set by the dispatcher.
         self.queue_state: Callable[[], dict[str, tuple[int, float]]] = dict

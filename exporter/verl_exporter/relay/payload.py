@@ -3,7 +3,7 @@
 Every problem of a body is reported at once, each naming the field (``alerts.3.labels``), so that a 400 tells
 the sender exactly what is wrong. Unknown keys are ignored: Alertmanager may add fields in a later release,
 and refusing them would turn an upgrade into lost notifications. The relay works on ``Alert`` dataclasses
-(built cheaply, also from the spool); the models only check what arrives.
+(built cheaply, also from the spool); the same dataclass, validated, checks what arrives.
 
 Values that are well-formed but that no message could show are repaired here, where they enter, so that
 nothing reaches the queues or the journal that the formatter cannot render (and one such alert never costs
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -26,9 +26,9 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
-    field_validator,
 )
 from pydantic_core import ErrorDetails
 
@@ -85,15 +85,35 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(f"{base}.{frac}{zone}")
 
 
+def _time(value: Any) -> Any:
+    return parse_time(value) if isinstance(value, str) else value  # anything else: not a datetime
+
+
+Time = Annotated[datetime, BeforeValidator(_time)]
+Status = Literal["firing", "resolved"]
+Labels = dict[str, str]
+
+
+def _named(labels: Labels) -> Labels:
+    if not labels.get("alertname"):
+        raise ValueError("has no alertname")
+    return labels
+
+
 @dataclass(frozen=True)
 class Alert:
-    status: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    starts_at: datetime
-    ends_at: datetime | None  # None: still firing (Go's zero time)
-    generator_url: str = ""
-    fingerprint: str = ""
+    """One element of a webhook's ``alerts``. The relay builds and copies these directly (cheaply, also from the
+    spool); what arrives is checked by ALERT, the validator of the same fields (strict, unknown keys ignored)."""
+
+    __pydantic_config__ = ConfigDict(extra="ignore", populate_by_name=True)
+
+    status: Status
+    labels: Annotated[Labels, AfterValidator(_named), Field(strict=True)]
+    annotations: Annotated[Labels, Field(default_factory=dict, strict=True)]
+    starts_at: Annotated[Time, Field(alias="startsAt", strict=True)]
+    ends_at: Annotated[Time | None, Field(None, alias="endsAt", strict=True)]  # None: still firing (Go's zero time)
+    generator_url: Annotated[str, Field(alias="generatorURL", strict=True)] = ""
+    fingerprint: Annotated[str, Field(strict=True)] = ""
 
     @property
     def name(self) -> str:
@@ -167,56 +187,31 @@ def _may_hold_surrogates(body: bytes | str) -> bool:
     return bool(_SURROGATE_ESCAPE.search(body) or _SURROGATE.search(body))
 
 
-def _time(value: Any) -> Any:
-    return parse_time(value) if isinstance(value, str) else value  # anything else: not a datetime
-
-
-Time = Annotated[datetime, BeforeValidator(_time)]
-Status = Literal["firing", "resolved"]
-Labels = dict[str, str]
-
-
 class _Webhook(StrictModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class AlertIn(_Webhook):
-    """One element of ``alerts``."""
-
-    status: Status
-    labels: Labels
-    annotations: Labels = Field(default_factory=dict)
-    starts_at: Time = Field(alias="startsAt")
-    ends_at: Time | None = Field(None, alias="endsAt")
-    generator_url: str = Field("", alias="generatorURL")
-    fingerprint: str = ""
-
-    @field_validator("labels")
-    @classmethod
-    def _named(cls, labels: Labels) -> Labels:
-        if not labels.get("alertname"):
-            raise ValueError("has no alertname")
-        return labels
-
-    def alert(self, where: str = "alert", repairs: list[Repair] | None = None) -> Alert:
-        """The Alert, its times clamped to what every zone can show (each clamp added to repairs)."""
-        repairs = [] if repairs is None else repairs
-        starts_at = _clamp(self.starts_at, f"{where}.startsAt", repairs)
-        ends_at = self.ends_at
-        ends_at = None if ends_at is None or ends_at <= ZERO_TIME else _clamp(ends_at, f"{where}.endsAt", repairs)
-        return Alert(self.status, self.labels, self.annotations, starts_at, ends_at, self.generator_url,
-                     self.fingerprint)
+ALERT: TypeAdapter[Alert] = TypeAdapter(Alert)
 
 
-def _alerts(alerts: list[AlertIn], info: ValidationInfo) -> tuple[Alert, ...]:
+def _clamped(alert: Alert, where: str, repairs: list[Repair]) -> Alert:
+    """The alert, its times clamped to what every zone can show (each clamp added to repairs)."""
+    starts_at = _clamp(alert.starts_at, f"{where}.startsAt", repairs)
+    ends_at = alert.ends_at
+    ends_at = None if ends_at is None or ends_at <= ZERO_TIME else _clamp(ends_at, f"{where}.endsAt", repairs)
+    return alert if (starts_at, ends_at) == (alert.starts_at, alert.ends_at) else \
+        replace(alert, starts_at=starts_at, ends_at=ends_at)
+
+
+def _alerts(alerts: list[Alert], info: ValidationInfo) -> tuple[Alert, ...]:
     repairs = (info.context or {}).get("repairs", [])
-    return tuple(a.alert(f"alerts.{i}", repairs) for i, a in enumerate(alerts))
+    return tuple(_clamped(a, f"alerts.{i}", repairs) for i, a in enumerate(alerts))
 
 
 if TYPE_CHECKING:
     Alerts = tuple[Alert, ...]
 else:  # as posted, each made an Alert
-    Alerts = Annotated[list[AlertIn], Field(min_length=1), AfterValidator(_alerts)]
+    Alerts = Annotated[list[Alert], Field(min_length=1), AfterValidator(_alerts)]
 
 
 # Alerts one group may have left out: ten million, 100x one alert on every GPU of the largest fleet (~100k), so
@@ -249,7 +244,7 @@ class WebhookPayload(_Webhook):
 def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     if path == ("version",):
         return 'must be "4" (Alertmanager\'s webhook payload)'
-    if err["type"] in ("model_type", "dict_type"):
+    if err["type"] in ("model_type", "dict_type", "dataclass_type"):
         return f"must be an object, got {_kind(err['input'])}"
     return None
 
@@ -270,7 +265,7 @@ def parse_alert(where: str, raw: Any, problems: list[str], repairs: list[Repair]
     Values repaired as in a webhook are added to repairs."""
     repairs = [] if repairs is None else repairs
     try:
-        return AlertIn.model_validate(_mend(raw, where, repairs)).alert(where, repairs)
+        return _clamped(ALERT.validate_python(_mend(raw, where, repairs)), where, repairs)
     except ValidationError as e:
         problems.extend(_problems(e, where))
         return None

@@ -84,12 +84,7 @@ class Sidecar:
             self.self_metrics.inc(CONTROL_REQUESTS, 0, action="checkpoint", result="accepted")
 
     def context(self) -> Context:
-        c = self.config
-        return Context(spec=self.spec, self_metrics=self.self_metrics, procfs=c.procfs, gpus=c.gpus,
-                       local_rank=c.local_rank, trainer_pid=c.trainer_pid, checkpoint_dir=c.checkpoint_dir,
-                       watch_paths=c.watch_paths, gpu_pcie_throughput=c.gpu_pcie_throughput,
-                       checkpoint_grace_s=c.checkpoint_grace, checkpoint_verify=c.checkpoint_verify,
-                       environ=dict(os.environ))
+        return Context(spec=self.spec, self_metrics=self.self_metrics, config=self.config, environ=dict(os.environ))
 
     def trainer_liveness(self, now: float | None = None) -> tuple[bool, str]:
         """Is the watched trainer alive and stepping? Only judged when asked (--hang-factor, --trainer-pid)."""

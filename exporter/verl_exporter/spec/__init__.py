@@ -5,12 +5,12 @@ where a metric is named. Loading is strict: every problem of every entry is repo
 ``FILE:LINE: key.path: message`` naming the file it is in.
 
 One model per concept. The file's shape is a tree of core.models StrictModels (``Spec``, ``MetricSpec``,
-``SourceRule``, the alert kinds of ``kinds/``, ``Panel`` in panels.py, ``DetectEntry`` in detectors.py): they
+``SourceRule``, the alert kinds of ``kinds/``, ``Panel`` in panels.py, core.detect's ``SignalSpec``): they
 check each entry, ``verl-exporter schema spec`` writes their JSON Schema, and the same frozen objects are what
 the rest of the pack reads, so a key of the file is the attribute its readers use. What the runtime needs
 beyond what the file says is derived once at load: a list becomes a tuple, a source's key pattern is compiled,
-the default max_series is applied, each alert and panel knows its metric, and the signals of a metric are held
-as core.detect's ``SignalSpec``. Overrides, calibrate and the CLI derive new ones with ``model_copy(update=...)``.
+the default max_series is applied, and each alert, panel and signal knows its metric. Overrides, calibrate
+and the CLI derive new ones with ``model_copy(update=...)``.
 
 Checks across entries (unique names, keys and fields feeding one metric, alerts and inhibits naming known
 ones, signals' gauges declared) are ``Spec.cross_problems``: each finds several problems, each at its own
@@ -55,11 +55,13 @@ from ..core.models import (
     read_yaml,
     where,
 )
-from .detectors import DetectEntry
 from .kinds import CROSS_METRIC, KINDS, Alert
 from .kinds.condition import NODES as CONDITION_NODES
 from .panels import Panel
-from .rules import PATTERN_MESSAGES, Sentence, Severity
+from .rules import PATTERN_MESSAGES, Notice, Sentence, Severity
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable  # Python 3.11; a Path is one too
 
 METRIC_NAME_RE = re.compile(r"^verl_[a-z0-9_]*[a-z0-9]$")
 # Engines Prometheus scrapes itself (not the sidecar): their entries keep the engine's own names, vllm:..., and
@@ -105,7 +107,7 @@ WINDOW_RECORDING = re.compile(r"(avg|max|min)_over_time_([1-9][0-9]*[mh])")
 # (an engine's series vllm:x is recorded as level:vllm_x:operations, keeping the name's three parts)
 RECORDING_NAME_RE = re.compile(rf"^[a-z_]+:({'|'.join(('verl', *SCRAPED_FROM))})_[a-z0-9_]+:[a-z0-9_]+$")
 
-DEFAULT_SPEC = "metrics"  # the packaged spec: a directory of *.yaml files, merged in name order
+DEFAULT_SPEC = "metrics"  # the packaged spec: a directory of area files (area_files), merged in order
 # The top-level lists a spec directory's files concatenate, in file order.
 MERGED = ("metrics", "alerts")
 
@@ -255,10 +257,7 @@ class MetricSpec(StrictModel):
     panels: TupleOf[Panel] = Field(default_factory=tuple)
     record: TupleOf[RecordingKind | RecordingEntry] = Field(
         default_factory=tuple, description="generated recordings (names), and written ones ({record, expr})")
-    if TYPE_CHECKING:  # the file's entries, held as what _signals makes of them
-        detect: tuple[SignalSpec, ...] = ()
-    else:
-        detect: list[DetectEntry] = Field(default_factory=tuple)
+    detect: TupleOf[SignalSpec] = Field(default_factory=tuple)
 
     @field_validator("name")
     @classmethod
@@ -342,13 +341,13 @@ class MetricSpec(StrictModel):
 
     @field_validator("detect")
     @classmethod
-    def _signals(cls, detect: list[DetectEntry], info: ValidationInfo) -> tuple[SignalSpec, ...]:
+    def _signals(cls, detect: tuple[SignalSpec, ...], info: ValidationInfo) -> tuple[SignalSpec, ...]:
         labels = info.data.get("labels")
         for j, d in enumerate(detect):
             if labels is not None and set(d.labels) != set(labels):
                 raise ValueError(f"detect {j}: labels must give a value for each of the metric's labels "
                                  f"{list(labels)}")
-        return tuple(d.to_signal(info.data.get("name", "")) for d in detect)
+        return tuple(d.on_metric(info.data.get("name", "")) for d in detect)
 
     @model_validator(mode="after")
     def _one_feed(self) -> MetricSpec:
@@ -431,6 +430,8 @@ class Spec(StrictModel):
     metrics: Annotated[list[MetricSpec], Field(min_length=1)]
     global_alerts: TupleOf[Alert] = Field(default_factory=tuple, alias="alerts",
                                           description="alerts on several metrics")
+    notices: TupleOf[Notice] = Field(default_factory=tuple,
+                                     description="pages the pack sends itself, with no Prometheus rule behind them")
     _overrides: str = PrivateAttr("")  # the overrides file applied (spec.overrides.apply_overrides), if any
 
     @field_validator("metrics")
@@ -486,9 +487,12 @@ class Spec(StrictModel):
                                                for j, a in enumerate(m.alerts)]
         alerts += [(("alerts", j), a) for j, a in enumerate(self.global_alerts)]
         names = {a.alert for _, a in alerts}
+        named: list[tuple[KeyPath, Alert | Notice]] = [*alerts, *((("notices", j), n) for j, n in
+                                                                 enumerate(self.notices))]
+        for path, one in named:
+            if clash("alert", one.alert, path) is not None:
+                out.append(((*path, "alert"), f"alert {one.alert!r} is declared twice"))
         for path, a in alerts:
-            if clash("alert", a.alert, path) is not None:
-                out.append(((*path, "alert"), f"alert {a.alert!r} is declared twice"))
             out += [((*path, "inhibits", k), f"inhibits unknown alert {t!r}") for k, t in enumerate(a.inhibits)
                     if t not in names]
         out += [(("alerts", j, "kind"), f"a top-level alert names its series: its kind is one of "
@@ -520,6 +524,13 @@ class Spec(StrictModel):
     def alerts(self) -> list[Alert]:
         """Every alert, in spec order: those on metric entries, then the cross-metric ones."""
         return [a for m in self.metrics for a in m.alerts] + list(self.global_alerts)
+
+    def notice(self, name: str) -> Notice:
+        """The notice (a page the pack sends itself) of this name; KeyError when the spec declares none."""
+        found = next((n for n in self.notices if n.alert == name), None)
+        if found is None:
+            raise KeyError(f"notice {name!r} is not in the spec")
+        return found
 
     def panels(self) -> list[Panel]:
         return [p for m in self.metrics for p in m.panels]
@@ -610,21 +621,38 @@ def _parse_packaged(text: str, origin: str) -> tuple[Any, Lines]:
     return parse_yaml(text, origin, SpecError)
 
 
+# A folder of a spec directory holding one area's sub-area files: named like an area file (10-training/).
+AREA_FOLDER_RE = re.compile(r"^\d+-[a-z0-9-]+$")
+
+
+def area_files(folder: Traversable) -> list[tuple[str, Traversable]]:
+    """(name relative to folder, file) of a spec directory's *.yaml files, in spec order: each area's file
+    (NN-area.yaml), then the sub-area files of its folder (NN-area/*.yaml) by name. An area grows by a
+    sub-area file instead of one file growing without end; other folders are not the spec's."""
+    found: list[tuple[tuple[str, str], str, Traversable]] = []
+    for entry in folder.iterdir():
+        if entry.is_file() and entry.name.endswith(".yaml"):
+            found.append(((entry.name.removesuffix(".yaml"), ""), entry.name, entry))
+        elif entry.is_dir() and AREA_FOLDER_RE.match(entry.name):
+            found += [((entry.name, sub.name), f"{entry.name}/{sub.name}", sub) for sub in entry.iterdir()
+                      if sub.is_file() and sub.name.endswith(".yaml")]
+    return [(name, f) for _, name, f in sorted(found, key=lambda t: t[0])]
+
+
 def _read(path: str | Path | None) -> tuple[list[_Part], str]:
-    """(the files of a spec, its origin): a file, or a directory's *.yaml in name order."""
+    """(the files of a spec, its origin): a file, or a directory's area files in spec order (area_files)."""
     if path is None:
         origin, parts = f"packaged spec {DEFAULT_SPEC}", []
-        folder = resources.files(__name__).joinpath(DEFAULT_SPEC)
-        for f in sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name):
-            name = f"{origin}/{f.name}"
+        for rel, f in area_files(resources.files(__name__).joinpath(DEFAULT_SPEC)):
+            name = f"{origin}/{rel}"
             doc, lines = _parse_packaged(f.read_text(encoding="utf-8"), name)
             parts.append(_Part(name, copy.deepcopy(doc), lines))  # a copy: callers may edit their document
         return parts, origin
     if Path(path).is_dir():
-        files = sorted(Path(path).glob("*.yaml"))
+        files = [f for _, f in area_files(Path(path))]
         if not files:
             raise SpecError(["a spec directory needs at least one *.yaml file"], str(path))
-        return [_Part(str(f), *read_yaml(f, SpecError)) for f in files], str(path)
+        return [_Part(str(f), *read_yaml(str(f), SpecError)) for f in files], str(path)
     return [_Part(str(path), *read_yaml(path, SpecError))], str(path)
 
 

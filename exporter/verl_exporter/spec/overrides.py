@@ -35,7 +35,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -285,7 +285,8 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
 
     metrics = []
     for m in spec.metrics:
-        detect = tuple(replace(s, min_steps=min_steps[s.name][0]) if s.name in min_steps else s for s in m.detect)
+        detect = tuple(s.model_copy(update={"min_steps": min_steps[s.name][0]}) if s.name in min_steps else s
+                       for s in m.detect)
         metrics.append(m.model_copy(update={"alerts": effective(m.alerts), "detect": detect}))
     g = model.global_
     given = {"selector": g.selector, "runbook_url": g.runbook_url, "relay_url": g.relay_url,
@@ -298,19 +299,32 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
     return effective_spec
 
 
-def load_effective_spec(spec_path: str | None = None, overrides: str | None = None,
-                        announce: Callable[[str], object] | None = None) -> Spec:
-    """The spec (packaged, or spec_path) with the overrides file resolved by resolve_path() applied.
-    announce(path) is called with the file used. Raises SpecError or OverridesError."""
+@dataclass(frozen=True)
+class SpecWithOverrides:
+    """A spec as declared, the overrides file applied to it (None: none), and the result."""
+
+    declared: Spec
+    overrides: LoadedOverrides | None
+    effective: Spec
+
+
+def load_with_overrides(spec_path: str | None = None, overrides: str | None = None,
+                        announce: Callable[[str], object] | None = None) -> SpecWithOverrides:
+    """The spec (packaged, or spec_path) and the overrides file resolve_path(overrides) names, applied.
+    announce(path) is called with the file used (default: logged). Raises SpecError or OverridesError."""
     spec = load_spec(spec_path)
     path = resolve_path(overrides)
     if path is None:
-        return spec
-    if announce is not None:
-        announce(path)
-    else:
-        log.info("using overrides %s", path)
-    return apply_overrides(spec, load_overrides(path))
+        return SpecWithOverrides(spec, None, spec)
+    (announce or (lambda used: log.info("using overrides %s", used)))(path)
+    loaded = load_overrides(path)
+    return SpecWithOverrides(spec, loaded, apply_overrides(spec, loaded))
+
+
+def load_effective_spec(spec_path: str | None = None, overrides: str | None = None,
+                        announce: Callable[[str], object] | None = None) -> Spec:
+    """The spec with the overrides applied, as load_with_overrides loads them."""
+    return load_with_overrides(spec_path, overrides, announce).effective
 
 
 # ---------------------------------------------------------------------------------------------- reading back

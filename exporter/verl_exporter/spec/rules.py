@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, Field, StringConstraints, model_validator
@@ -82,6 +82,28 @@ PATTERN_MESSAGES = {
     ALERT_NAME_RE.pattern: "alert names are CamelCase and start with Verl",
     PARAM_NAME_RE.pattern: "a param name is lower_snake_case",
 }
+
+
+# ---------------------------------------------------------------------------------------------- notices
+PLACEHOLDER_RE = re.compile(r"\{([a-z_]+)\}")
+
+
+class Notice(StrictModel):
+    """A page the pack sends itself, with no Prometheus rule behind it (the relay's verdict of a forensics
+    action): its name, its severity and its texts, whose {placeholders} the sender fills in."""
+
+    alert: AlertName
+    severity: Severity
+    summary: Sentence = Field(description="one line; {placeholders} are filled in by the sender")
+    description: Sentence
+
+    def texts(self, values: Mapping[str, object]) -> dict[str, str]:
+        """The summary and description with each {placeholder} of values filled in (once: a value that holds
+        braces stays as it is)."""
+        def fill(text: str) -> str:
+            return PLACEHOLDER_RE.sub(lambda m: str(values[m[1]]) if m[1] in values else m[0], text)
+
+        return {"summary": fill(self.summary), "description": fill(self.description)}
 
 
 # ---------------------------------------------------------------------------------------------- knobs

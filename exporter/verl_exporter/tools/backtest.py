@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..spec import load_spec
 from . import replay as rp
 
 # Curves drawn in the report: (title, verl keys tried in order).
@@ -155,21 +154,17 @@ def run_backtest(paths: list[str], step_seconds: float | None = None, html_dir: 
     """overrides: an overrides file (None: $VERL_EXPORTER_OVERRIDES or ./verl-exporter.yaml if present, '' for
     none); the runs are judged with it, and each run's line says what it changed against the defaults. A run
     longer than max_steps (0 or None: no limit) is judged on its last max_steps steps, with a warning."""
-    from ..spec.overrides import OverridesError, apply_overrides, load_overrides, resolve_path
+    from ..spec.overrides import OverridesError, load_with_overrides
 
-    default = load_spec()
-    spec = default
-    path_ov = resolve_path(overrides)
-    if path_ov:
-        try:
-            spec = apply_overrides(default, load_overrides(path_ov))
-        except OverridesError as e:
-            out(f"verl-exporter backtest: {e}")
-            return 2
-        out(f"with overrides {path_ov}")
+    try:
+        loaded = load_with_overrides(None, overrides, lambda used: out(f"with overrides {used}"))
+    except OverridesError as e:
+        out(f"verl-exporter backtest: {e}")
+        return 2
+    default, spec = loaded.declared, loaded.effective
     same_signals = spec.signals() == default.signals()
     with tempfile.TemporaryDirectory(prefix="verl-exporter-rules-") as tmp:
-        compare = path_ov is not None and rules_dir is None
+        compare = loaded.overrides is not None and rules_dir is None
         if rules_dir is None:  # the rules generated from the spec (and overrides)
             rules_dir = _render_rules_into(spec, tmp)
         default_rules = _render_rules_into(default, tempfile.mkdtemp(dir=tmp)) if compare else None

@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...exposition.selfmetrics import SelfMetrics
 from ...spec import Spec
+
+if TYPE_CHECKING:
+    from ..config import ServeConfig
 
 # (metric name from the spec, {label: value}, value)
 Sample = tuple[str, dict[str, str], float]
@@ -23,21 +26,20 @@ class Unavailable(Exception):
     """
 
 
+def _default_config() -> ServeConfig:
+    from ..config import ServeConfig  # the config module imports the collectors: not at import time
+
+    return ServeConfig()
+
+
 @dataclass
 class Context:
-    """Everything a collector may need, injected so that tests can point it at fakes."""
+    """Everything a collector may need, injected so that tests can point it at fakes. Its settings are the
+    serve config's (procfs, gpus, checkpoint_grace, ...): read as ctx.config.<setting>, declared once there."""
 
     spec: Spec
     self_metrics: SelfMetrics
-    procfs: str = "/proc"
-    gpus: str = "auto"  # auto (this rank's GPUs) | all | comma-separated indices or UUIDs
-    local_rank: int | None = None
-    trainer_pid: int | None = None
-    checkpoint_dir: str | None = None
-    watch_paths: tuple[str, ...] = ()
-    gpu_pcie_throughput: bool = False
-    checkpoint_grace_s: float = 900.0
-    checkpoint_verify: bool = False
+    config: ServeConfig = field(default_factory=_default_config)
     environ: dict[str, str] = field(default_factory=dict)
     nvml_loader: Callable[[], Any] | None = None  # returns the pynvml module (tests pass a fake)
     clock: Callable[[], float] = time.time

@@ -68,9 +68,9 @@ class CheckpointCollector(Collector):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        if ctx.checkpoint_dir is None:
+        if ctx.config.checkpoint_dir is None:
             raise Unavailable("no --checkpoint-dir")
-        self.root = Path(ctx.checkpoint_dir)
+        self.root = Path(ctx.config.checkpoint_dir)
         # verify no more checkpoints than the spec lets us export, newest first
         self._verify_cap = series_cap(ctx.spec[_VERIFIED])
         # step -> (cache key, ok)
@@ -103,7 +103,7 @@ class CheckpointCollector(Collector):
         last_activity = _last_activity(path)
         if last_activity is None:  # deleted while we looked: nothing left unfinished
             return False
-        return self.ctx.clock() - last_activity > self.ctx.checkpoint_grace_s
+        return self.ctx.clock() - last_activity > self.ctx.config.checkpoint_grace
 
     def sample_slow(self) -> list[Sample]:
         if not self.root.is_dir():
@@ -113,7 +113,7 @@ class CheckpointCollector(Collector):
         latest = pick_latest(self.root, read_tracker(self.root), checkpoints)
         if latest is not None and latest[1].is_dir():
             out.append(("verl_checkpoint_latest_size_bytes", {}, float(_tree_size(latest[1]))))
-        if self.ctx.checkpoint_verify:
+        if self.ctx.config.checkpoint_verify:
             out.extend(self._verify(checkpoints, latest[0] if latest is not None else None))
         return out
 

@@ -50,7 +50,7 @@ class CpuCollector(Collector):
             yield "verl_host_cpu_seconds_total", {"mode": mode}, ticks / USER_HZ
 
     def _read_cpu_line(self) -> dict[str, int] | None:
-        with open(f"{self.ctx.procfs}/stat", errors="replace") as f:  # a bad byte is a bad line
+        with open(f"{self.ctx.config.procfs}/stat", errors="replace") as f:  # a bad byte is a bad line
             for line in f:
                 if line.startswith("cpu "):
                     fields = line.split()[1:]

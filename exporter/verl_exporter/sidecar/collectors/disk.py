@@ -57,7 +57,7 @@ class DiskCollector(Collector):
 
     def _read(self) -> dict[str, list[int]]:
         devices: dict[str, list[int]] = {}
-        with open(f"{self.ctx.procfs}/diskstats", errors="replace") as f:  # a bad byte is a bad line
+        with open(f"{self.ctx.config.procfs}/diskstats", errors="replace") as f:  # a bad byte is a bad line
             for line in f:
                 fields = line.split()
                 if len(fields) < 3 or IGNORED_DEVICES.match(fields[2]):

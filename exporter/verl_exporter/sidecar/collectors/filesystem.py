@@ -25,7 +25,7 @@ class FilesystemCollector(Collector):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        paths = ([ctx.checkpoint_dir] if ctx.checkpoint_dir else []) + list(ctx.watch_paths)
+        paths = ([ctx.config.checkpoint_dir] if ctx.config.checkpoint_dir else []) + list(ctx.config.watch_paths)
         self.paths = list(dict.fromkeys(paths))  # the same path given twice is one series
 
     def sample(self) -> list[Sample]:

@@ -66,7 +66,7 @@ class GpuCollector(Collector):
         super().__init__(ctx)
         self.session = NvmlSession(ctx)
         n = self.nvml = self.session.nvml
-        fields = FAST_FIELDS + SLOW_FIELDS + ((PCIE_FIELD,) if ctx.gpu_pcie_throughput else ())
+        fields = FAST_FIELDS + SLOW_FIELDS + ((PCIE_FIELD,) if ctx.config.gpu_pcie_throughput else ())
         self._states = [_GpuState(g, fields) for g in self.session.gpus]
         self._mem_v2 = getattr(n, "nvmlMemory_v2", None)
         self._reasons_fn: Callable[[Any], int] | None = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
@@ -205,7 +205,7 @@ class GpuCollector(Collector):
             v = self._call(st, "energy", n.nvmlDeviceGetTotalEnergyConsumption)
             if v is not None:
                 rows.append(("verl_gpu_energy_joules_total", L, v / 1000.0))
-        if self.ctx.gpu_pcie_throughput and PCIE_FIELD not in uns:
+        if self.ctx.config.gpu_pcie_throughput and PCIE_FIELD not in uns:
             for direction, counter in (("tx", n.NVML_PCIE_UTIL_TX_BYTES), ("rx", n.NVML_PCIE_UTIL_RX_BYTES)):
                 v = self._call(st, PCIE_FIELD, n.nvmlDeviceGetPcieThroughput, counter)
                 if v is None:

@@ -136,7 +136,7 @@ class GpuProcessesCollector(Collector):
         super().__init__(ctx)
         self.session = NvmlSession(ctx)
         self.nvml = self.session.nvml
-        self.roles = RoleCache(ctx.trainer_pid)
+        self.roles = RoleCache(ctx.config.trainer_pid)
         self._unsupported: set[str] = set()  # gpu labels where NVML does not list processes
         self._labels = {g.label: {r: {"gpu": g.label, "role": r} for r in ROLES} for g in self.session.gpus}
 

@@ -4,7 +4,7 @@ is the cpu collector's: a node-wide counter that one sidecar per node exports.)
 The trainer's memory is the RSS of --trainer-pid plus all its descendants, summed (shared pages are counted
 once per process, so this over-states what a kill would free). Listing the descendants means reading every
 process's stat file (about 20 us each), so the list is refreshed every CHILDREN_REFRESH_S and a child started
-in between counts from the next refresh. psutil reads the real /proc, not ctx.procfs.
+in between counts from the next refresh. psutil reads the real /proc, not ctx.config.procfs.
 Under Ray, verl's workers are children of the raylet, not of the driver, so only the driver's own tree counts.
 """
 
@@ -45,7 +45,7 @@ class HostCollector(Collector):
 
     # ------------------------------------------------------------------ load
     def _load(self) -> Iterator[Sample]:
-        with open(f"{self.ctx.procfs}/loadavg", errors="replace") as f:  # a bad byte is a bad line
+        with open(f"{self.ctx.config.procfs}/loadavg", errors="replace") as f:  # a bad byte is a bad line
             fields = f.read().split()
         try:
             values = [float(v) for v in fields[:3]]
@@ -60,7 +60,7 @@ class HostCollector(Collector):
     # ------------------------------------------------------------------ memory
     def _memory(self) -> Iterator[Sample]:
         wanted: dict[str, int | None] = {"MemTotal:": None, "MemAvailable:": None}
-        with open(f"{self.ctx.procfs}/meminfo", errors="replace") as f:  # a bad byte is a bad line
+        with open(f"{self.ctx.config.procfs}/meminfo", errors="replace") as f:  # a bad byte is a bad line
             for line in f:
                 key, _, rest = line.partition(" ")
                 if key in wanted:
@@ -78,7 +78,7 @@ class HostCollector(Collector):
 
     # ------------------------------------------------------------------ trainer
     def _trainer_rss(self) -> Iterator[Sample]:
-        pid = self.ctx.trainer_pid
+        pid = self.ctx.config.trainer_pid
         if pid is None or self._trainer_gone:
             return
         try:

@@ -38,7 +38,7 @@ class NetworkCollector(Collector):
     def sample(self) -> list[Sample]:
         out: list[Sample] = []
         kept = dropped = 0
-        with open(f"{self.ctx.procfs}/net/dev", errors="replace") as f:  # a bad byte is a bad line
+        with open(f"{self.ctx.config.procfs}/net/dev", errors="replace") as f:  # a bad byte is a bad line
             lines = f.readlines()[2:]  # two header lines
         for line in lines:
             # Old kernels print "eth0:123" with no space after the colon.

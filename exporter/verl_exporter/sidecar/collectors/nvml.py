@@ -206,8 +206,8 @@ def _warn_if_order_ambiguous(gpus: Sequence[Gpu], environ: dict[str, str]) -> No
 
 
 def select_gpus(nvml: Any, gpus: Sequence[Gpu], ctx: Context) -> list[Gpu]:
-    """This rank's GPUs from ctx.gpus: auto | all | comma list of NVML indices or GPU UUIDs."""
-    choice = (ctx.gpus or "auto").strip()
+    """This rank's GPUs from ctx.config.gpus: auto | all | comma list of NVML indices or GPU UUIDs."""
+    choice = (ctx.config.gpus or "auto").strip()
     if choice == "all":
         return list(gpus)
     if choice != "auto":
@@ -232,7 +232,7 @@ def select_gpus(nvml: Any, gpus: Sequence[Gpu], ctx: Context) -> list[Gpu]:
         return picked
 
     visible = ctx.environ.get("CUDA_VISIBLE_DEVICES")
-    rank = ctx.local_rank
+    rank = ctx.config.local_rank
     if visible is None:
         if rank is None:
             return list(gpus)

@@ -30,7 +30,7 @@ class PressureCollector(Collector):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        directory = f"{ctx.procfs}/pressure"
+        directory = f"{ctx.config.procfs}/pressure"
         if not os.path.isdir(directory):
             raise Unavailable(f"{directory} is absent (kernel without PSI, before Linux 4.20)")
         # Resources this kernel has (irq and others may come later; the spec's resource label keeps to these).
@@ -49,7 +49,7 @@ class PressureCollector(Collector):
         out: list[Sample] = []
         for resource in self._resources:
             try:
-                with open(f"{self.ctx.procfs}/pressure/{resource}", errors="replace") as f:  # a bad byte is a bad line
+                with open(f"{self.ctx.config.procfs}/pressure/{resource}", errors="replace") as f:  # a bad byte is a bad line
                     lines = f.readlines()
             except OSError as e:  # one unreadable file loses only its own series
                 self.ctx.self_metrics.problem(self.name, "read", f"{resource}: {e!r}")

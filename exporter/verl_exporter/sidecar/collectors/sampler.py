@@ -181,7 +181,7 @@ def build_collectors(enabled: dict[str, bool], ctx: Context) -> list[Collector]:
     for name, cls in sorted(REGISTRY.items()):
         if not enabled.get(name, cls.default_enabled):
             continue
-        if cls.per_node and ctx.local_rank not in (None, 0) and enabled.get(name) is not True:
+        if cls.per_node and ctx.config.local_rank not in (None, 0) and enabled.get(name) is not True:
             continue
         try:
             out.append(cls(ctx))
