@@ -49,7 +49,8 @@ class PressureCollector(Collector):
         out: list[Sample] = []
         for resource in self._resources:
             try:
-                with open(f"{self.ctx.config.procfs}/pressure/{resource}", errors="replace") as f:  # a bad byte is a bad line
+                # errors="replace": a bad byte is a bad line
+                with open(f"{self.ctx.config.procfs}/pressure/{resource}", errors="replace") as f:
                     lines = f.readlines()
             except OSError as e:  # one unreadable file loses only its own series
                 self.ctx.self_metrics.problem(self.name, "read", f"{resource}: {e!r}")
