@@ -4,12 +4,24 @@ reset, half-missing and garbage files (never fatal, always counted)."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from fabric_tree import IB_COUNTERS, ROCE_HW_COUNTERS, healthy_node, write_counters, write_port
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from verl_exporter.sidecar.collectors.fabric import MAX_PORTS_PER_DEVICE, Port, Problem, read_ports
+from verl_exporter.exposition.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.collectors import Context, Unavailable
+from verl_exporter.sidecar.collectors.fabric import (
+    ERROR_COUNTERS,
+    HW_EVENTS,
+    MAX_PORTS_PER_DEVICE,
+    FabricCollector,
+    Port,
+    Problem,
+    read_ports,
+)
+from verl_exporter.spec import load_spec
 
 
 def test_reads_ib_and_roce_ports(tmp_path):
@@ -169,3 +181,120 @@ def test_any_content_is_a_value_or_a_problem(tmp_path_factory, files):
             assert value is None or 0 <= value < 4 * 2**64
         else:
             assert value is None and name not in troubled
+
+
+# ---------------------------------------------------------------------------------------------- the collector
+def collector_ctx(root):
+    spec = load_spec()
+    return Context(spec=spec, self_metrics=SelfMetrics(spec), sysfs_root=str(root))
+
+
+def errors(ctx) -> float:
+    return ctx.self_metrics.value("verl_exporter_source_errors_total", component="fabric")
+
+
+def by_series(samples) -> dict[tuple, float]:
+    return {(name, tuple(sorted(labels.items()))): value for name, labels, value in samples}
+
+
+def one(samples, name, **labels) -> float:
+    return by_series(samples)[(name, tuple(sorted(labels.items())))]
+
+
+def test_no_infiniband_class_is_unavailable(tmp_path):
+    with pytest.raises(Unavailable, match="no RDMA driver"):
+        FabricCollector(collector_ctx(tmp_path))
+
+
+def test_exports_ib_and_roce_ports_in_base_units(tmp_path):
+    ctx = collector_ctx(healthy_node(tmp_path))
+    got = FabricCollector(ctx).sample()
+    ib = {"device": "mlx5_0", "port": "1"}
+    roce = {"device": "mlx5_1", "port": "2"}
+    assert one(got, "verl_fabric_port_active", **ib) == 1 and one(got, "verl_fabric_port_link_up", **ib) == 1
+    assert one(got, "verl_fabric_port_rate_bytes_per_second", **ib) == 400e9 / 8
+    assert one(got, "verl_fabric_port_rate_bytes_per_second", **roce) == 100e9 / 8
+    assert one(got, "verl_fabric_port_info", **ib, link_layer="InfiniBand") == 1
+    assert one(got, "verl_fabric_port_info", **roce, link_layer="Ethernet") == 1
+    assert one(got, "verl_fabric_port_data_bytes_total", **ib, direction="receive") == 4 * 250_000_000
+    assert one(got, "verl_fabric_port_data_bytes_total", **ib, direction="transmit") == 4 * 260_000_000
+    assert one(got, "verl_fabric_port_packets_total", **ib, direction="transmit") == 1_100_000
+    assert one(got, "verl_fabric_port_transmit_wait_total", **ib) == 1200
+    assert one(got, "verl_fabric_port_link_downed_total", **ib) == 0
+    assert {labels["type"] for name, labels, _ in got if name == "verl_fabric_port_errors_total"} == \
+        {kind for kind, _ in ERROR_COUNTERS}
+    assert one(got, "verl_fabric_port_hw_events_total", **roce, counter="np_cnp_sent") == 10
+    # hw_counters outside the allow-list (lifespan, rx_write_requests) stay out: the label stays bounded
+    assert {labels["counter"] for name, labels, _ in got if name == "verl_fabric_port_hw_events_total"} <= \
+        set(HW_EVENTS)
+    assert not any(name == "verl_fabric_port_hw_events_total" and labels["device"] == "mlx5_0"
+                   for name, labels, _ in got)
+    assert errors(ctx) == 0
+
+
+def test_every_exported_metric_is_declared_with_its_labels(tmp_path):
+    spec = load_spec()
+    got = FabricCollector(collector_ctx(healthy_node(tmp_path))).sample()
+    for name, labels, _ in got:
+        assert spec[name].collector == "fabric"
+        assert set(labels) == set(spec[name].labels), name
+    declared = {m.name for m in spec.metrics if m.collector == "fabric"}
+    assert {name for name, _, _ in got} == declared
+
+
+def test_the_spec_help_names_every_label_value():
+    spec = load_spec()
+    errors_help = spec["verl_fabric_port_errors_total"].help
+    assert all(kind in errors_help for kind, _ in ERROR_COUNTERS)
+    assert all(counter in spec["verl_fabric_port_hw_events_total"].help for counter in HW_EVENTS)
+
+
+def test_port_going_down_then_counters_reset_on_driver_reload(tmp_path):
+    directory = write_port(tmp_path, counters={**IB_COUNTERS, "link_downed": 2, "port_xmit_data": 2**32 - 1})
+    ctx = collector_ctx(tmp_path)
+    c = FabricCollector(ctx)
+    labels = {"device": "mlx5_0", "port": "1"}
+    assert one(c.sample(), "verl_fabric_port_active", **labels) == 1
+    (directory / "state").write_text("1: DOWN\n")
+    (directory / "phys_state").write_text("2: Polling\n")
+    got = c.sample()
+    assert one(got, "verl_fabric_port_active", **labels) == 0
+    assert one(got, "verl_fabric_port_link_up", **labels) == 0
+    # the driver reloads: every counter restarts from 0; the collector exports what it reads (a reset to rate())
+    write_counters(directory, "counters", {"link_downed": 0, "port_xmit_data": 1})
+    got = c.sample()
+    assert one(got, "verl_fabric_port_link_downed_total", **labels) == 0
+    assert one(got, "verl_fabric_port_data_bytes_total", **labels, direction="transmit") == 4
+    assert errors(ctx) == 0
+
+
+def test_half_missing_and_garbage_files_are_counted_never_fatal(tmp_path):
+    write_port(tmp_path, "mlx5_0", 1, state=None, rate="fast", counters={"symbol_error": "lots", "link_downed": 1})
+    write_port(tmp_path, "mlx5_1", 1)
+    ctx = collector_ctx(tmp_path)
+    got = FabricCollector(ctx).sample()
+    names = {name for name, labels, _ in got if labels["device"] == "mlx5_0"}
+    assert "verl_fabric_port_active" not in names and "verl_fabric_port_rate_bytes_per_second" not in names
+    assert "verl_fabric_port_link_up" in names and "verl_fabric_port_link_downed_total" in names
+    assert "verl_fabric_port_errors_total" not in names
+    assert errors(ctx) == 3  # state missing, rate garbage, symbol_error garbage
+    assert one(got, "verl_fabric_port_active", device="mlx5_1", port="1") == 1
+
+
+def test_the_tree_vanishing_after_start_is_no_series(tmp_path):
+    ctx = collector_ctx(healthy_node(tmp_path))
+    c = FabricCollector(ctx)
+    shutil.rmtree(tmp_path / "class")
+    assert c.sample() == []
+    assert errors(ctx) == 0
+
+
+def test_real_sysfs():
+    spec = load_spec()
+    ctx = Context(spec=spec, self_metrics=SelfMetrics(spec))
+    try:
+        c = FabricCollector(ctx)
+    except Unavailable as e:
+        pytest.skip(f"no RDMA device here: {e}")
+    got = c.sample()
+    assert all(value >= 0 for _, _, value in got)

@@ -14,7 +14,17 @@ README_END = "<!-- alerts:end -->"
 
 
 def render_runbook(spec: Spec) -> dict[str, str]:
-    alerts = [{"a": a, "expr": alert_expr(a, spec.rules.selector)} for a in spec.alerts()]
+    # each alert's causes, from the other side's declarations: those that silence it (inhibits:) and those
+    # that may explain it without silencing it (explains:)
+    silenced_by: dict[str, list[str]] = {}
+    explained_by: dict[str, list[str]] = {}
+    for a in spec.alerts():
+        for target in a.inhibits:
+            silenced_by.setdefault(target, []).append(a.alert)
+        for target in a.explains:
+            explained_by.setdefault(target, []).append(a.alert)
+    alerts = [{"a": a, "expr": alert_expr(a, spec.rules.selector), "silenced_by": silenced_by.get(a.alert, []),
+               "explained_by": explained_by.get(a.alert, [])} for a in spec.alerts()]
     return {"rules/runbook.md": render("runbook.md.j2", alerts=alerts)}
 
 

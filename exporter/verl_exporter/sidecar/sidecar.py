@@ -84,8 +84,8 @@ class Sidecar:
 
     def context(self) -> Context:
         c = self.config
-        return Context(spec=self.spec, self_metrics=self.self_metrics, procfs=c.procfs, gpus=c.gpus,
-                       local_rank=c.local_rank, trainer_pid=c.trainer_pid, checkpoint_dir=c.checkpoint_dir,
+        return Context(spec=self.spec, self_metrics=self.self_metrics, procfs=c.procfs, sysfs_root=c.sysfs_root,
+                       gpus=c.gpus, local_rank=c.local_rank, trainer_pid=c.trainer_pid, checkpoint_dir=c.checkpoint_dir,
                        watch_paths=c.watch_paths, gpu_pcie_throughput=c.gpu_pcie_throughput,
                        checkpoint_grace_s=c.checkpoint_grace, checkpoint_verify=c.checkpoint_verify,
                        environ=dict(os.environ))

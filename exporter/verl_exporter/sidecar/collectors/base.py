@@ -30,6 +30,7 @@ class Context:
     spec: Spec
     self_metrics: SelfMetrics
     procfs: str = "/proc"
+    sysfs_root: str = "/sys"
     gpus: str = "auto"  # auto (this rank's GPUs) | all | comma-separated indices or UUIDs
     local_rank: int | None = None
     trainer_pid: int | None = None

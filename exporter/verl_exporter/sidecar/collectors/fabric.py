@@ -17,7 +17,9 @@ events. Counters wrap (32-bit on old HCAs) and restart from 0 when the driver re
 rate(), and the reader returns what it read.
 
 read_ports() is pure (it only reads files) and never raises for what it finds: a missing, unreadable or
-non-numeric file is a Problem on its port, and the values it could read are kept.
+non-numeric file is a Problem on its port, and the values it could read are kept. The fabric collector
+exports what it returns (port_samples); each Problem counts once in verl_exporter_source_errors_total
+{component="fabric"} per sample.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .base import Collector, Context, Sample, Unavailable, register
 
 INFINIBAND_CLASS = Path("class") / "infiniband"
 
@@ -198,3 +202,82 @@ def _listdir(folder: Path, problems: list[Problem] | None = None, relative: str 
         if problems is not None:
             problems.append(Problem(relative, os.strerror(e.errno) if e.errno else type(e).__name__))
         return []
+
+
+# ---------------------------------------------------------------------------------------------- the collector
+# (label value, counters/ file): the IBA error counters a bad cable, transceiver or switch port raises.
+ERROR_COUNTERS = (
+    ("symbol", "symbol_error"),
+    ("receive", "port_rcv_errors"),
+    ("receive_remote_physical", "port_rcv_remote_physical_errors"),
+    ("transmit_discards", "port_xmit_discards"),
+    ("local_link_integrity", "local_link_integrity_errors"),
+    ("excessive_buffer_overrun", "excessive_buffer_overrun_errors"),
+)
+# (metric, counters/ file) for the link's own events
+LINK_COUNTERS = (
+    ("verl_fabric_port_link_downed_total", "link_downed"),
+    ("verl_fabric_port_link_error_recovery_total", "link_error_recovery"),
+    ("verl_fabric_port_transmit_wait_total", "port_xmit_wait"),
+)
+# (metric, {direction: counters/ file})
+DIRECTION_COUNTERS = (
+    ("verl_fabric_port_data_bytes_total", {"receive": "port_rcv_data", "transmit": "port_xmit_data"}),
+    ("verl_fabric_port_packets_total", {"receive": "port_rcv_packets", "transmit": "port_xmit_packets"}),
+)
+# hw_counters/ kept (mlx5's names; other drivers have other sets): RoCE drops, retransmissions and congestion
+# notifications. An allow-list, so that the counter label stays bounded whatever the driver shows.
+HW_EVENTS = ("out_of_buffer", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err", "rnr_nak_retry_err",
+             "implied_nak_seq_err", "np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets")
+BITS_PER_BYTE = 8
+
+
+@register
+class FabricCollector(Collector):
+    name = "fabric"
+    per_node = True
+    description = "InfiniBand and RoCE ports from sysfs: state, rate, error, data and packet counters"
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        directory = infiniband_dir(Path(ctx.sysfs_root))
+        if not directory.is_dir():
+            raise Unavailable(f"{directory} is absent (no RDMA driver loaded)")
+
+    def sample(self) -> list[Sample]:
+        out: list[Sample] = []
+        for port in read_ports(Path(self.ctx.sysfs_root)):
+            for problem in port.problems:  # a file it could not use loses only its own series
+                self.ctx.self_metrics.problem(self.name, "port", f"{port.device} port {port.port}: {problem}",
+                                              expected=True)
+            out.extend(port_samples(port))
+        return out
+
+
+def port_samples(port: Port) -> list[Sample]:
+    """The series of one port, from what was read (a value that could not be read has no series)."""
+    labels = {"device": port.device, "port": str(port.port)}
+    out: list[Sample] = []
+    if port.state_code is not None:
+        out.append(("verl_fabric_port_active", labels, float(port.active)))
+    if port.phys_state_code is not None:
+        out.append(("verl_fabric_port_link_up", labels, float(port.link_up)))
+    if port.rate_bits_per_second is not None:
+        out.append(("verl_fabric_port_rate_bytes_per_second", labels, port.rate_bits_per_second / BITS_PER_BYTE))
+    if port.link_layer is not None:
+        out.append(("verl_fabric_port_info", {**labels, "link_layer": port.link_layer}, 1.0))
+    counters = port.counters
+    for kind, file in ERROR_COUNTERS:
+        if file in counters:
+            out.append(("verl_fabric_port_errors_total", {**labels, "type": kind}, counters[file]))
+    for metric, file in LINK_COUNTERS:
+        if file in counters:
+            out.append((metric, labels, counters[file]))
+    for metric, files in DIRECTION_COUNTERS:
+        for direction, file in files.items():
+            if file in counters:
+                out.append((metric, {**labels, "direction": direction}, counters[file]))
+    for counter in HW_EVENTS:
+        if counter in port.hw_counters:
+            out.append(("verl_fabric_port_hw_events_total", {**labels, "counter": counter}, port.hw_counters[counter]))
+    return out
