@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+from conftest import parse_metrics, sample
 from fabric_tree import IB_COUNTERS, ROCE_HW_COUNTERS, healthy_node, write_counters, write_port
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,9 +20,13 @@ from verl_exporter.sidecar.collectors.fabric import (
     FabricCollector,
     Port,
     Problem,
+    port_samples,
     read_ports,
 )
+from verl_exporter.sidecar.collectors.sampler import Sampler
 from verl_exporter.spec import load_spec
+
+SPEC = load_spec()
 
 
 def test_reads_ib_and_roce_ports(tmp_path):
@@ -181,6 +186,8 @@ def test_any_content_is_a_value_or_a_problem(tmp_path_factory, files):
             assert value is None or 0 <= value < 4 * 2**64
         else:
             assert value is None and name not in troubled
+    for metric, labels, number in port_samples(port):
+        assert set(labels) == set(SPEC[metric].labels) and 0 <= number < 4 * 2**64
 
 
 # ---------------------------------------------------------------------------------------------- the collector
@@ -298,3 +305,14 @@ def test_real_sysfs():
         pytest.skip(f"no RDMA device here: {e}")
     got = c.sample()
     assert all(value >= 0 for _, _, value in got)
+
+
+def test_served_through_the_sampler_with_the_run_labels(tmp_path):
+    ctx = collector_ctx(healthy_node(tmp_path))
+    sampler = Sampler([FabricCollector(ctx)], ctx.spec, ctx.self_metrics, {"run": "r1", "rank": "0"})
+    assert sampler.run_once(sampler.collectors[0])
+    m = parse_metrics(sampler.render())
+    assert sample(m, "verl_fabric_port_rate_bytes_per_second", device="mlx5_0", port="1", run="r1") == 5e10
+    assert sample(m, "verl_fabric_port_data_bytes_total", device="mlx5_1", port="2", direction="transmit") == \
+        4 * IB_COUNTERS["port_xmit_data"]
+    assert sample(m, "verl_fabric_port_info", device="mlx5_1", port="1", link_layer="Ethernet") == 1
