@@ -156,6 +156,22 @@ def test_the_runbook_page_has_a_section_per_alert_where_its_rule_points():
         assert f"| [`{a.alert}`](#{a.alert.lower()}) | {a.severity} |" in text
 
 
+def test_runbook_names_on_each_alert_the_alerts_that_silence_or_may_explain_it():
+    from verl_exporter.render.runbook import render_runbook
+
+    text = render_runbook(SPEC)["rules/runbook.md"]
+    sections = {s.split("\n", 1)[0]: s for s in text.split("\n## ")[1:]}
+    for a in SPEC.alerts():
+        for target in a.inhibits:
+            assert re.search(rf"Silenced on the same run by: [^\n]*\b{a.alert}\b", sections[target]), (a.alert, target)
+        for target in a.explains:
+            assert re.search(rf"Look first at these on the same run [^\n]*\b{a.alert}\b", sections[target]), \
+                (a.alert, target)
+    # the hang alerts name the fabric's causes without being silenced by them
+    stalled = sections["VerlTrainingStalled"]
+    assert "VerlFabricPortDown" in stalled and "Silenced on the same run by" not in stalled
+
+
 # ---------------------------------------------------------------------------- dashboards
 @pytest.mark.parametrize("name", ["overview", "training", "gpu", "host", "engines"])
 def test_dashboards_are_importable_as_they_are(name):
@@ -212,6 +228,7 @@ def spec_with_alert(**alert) -> dict:
     ({"threshold": None}, "threshold: must be a number"),
     ({"description": "{{ $value }} raw"}, "may be used in annotations"),
     ({"inhibits": ["VerlNoSuchAlert"]}, "inhibits unknown alert"),
+    ({"explains": ["VerlNoSuchAlert"]}, "explains unknown alert"),
     ({"colour": "red"}, "alerts.0.colour: unknown key"),
     ({"alert": "VerlHighKLDivergence"}, "declared twice"),
 ])

@@ -18,6 +18,16 @@
       ],
     },
     {
+      name: "verl-exporter.node", rules: [
+        { record: "instance_device_port:verl_fabric_port_transmit_wait_ratio:rate5m", expr: "rate(verl_fabric_port_transmit_wait_total{" + v["selector"] + "}[5m]) / clamp_min(rate(verl_fabric_port_transmit_wait_total{" + v["selector"] + "}[5m]) + ignoring (direction) rate(verl_fabric_port_data_bytes_total{direction=\"transmit\", " + v["selector"] + "}[5m]) / 4, 1e-9)" },
+        { record: "instance:verl_host_cpu_utilization_ratio:rate5m", expr: "sum without (mode) (rate(verl_host_cpu_seconds_total{mode!~\"idle|iowait|steal\", " + v["selector"] + "}[5m])) / sum without (mode) (rate(verl_host_cpu_seconds_total{" + v["selector"] + "}[5m]))" },
+        { record: "instance:verl_host_cpu_iowait_ratio:rate5m", expr: "sum without (mode) (rate(verl_host_cpu_seconds_total{mode=\"iowait\", " + v["selector"] + "}[5m])) / sum without (mode) (rate(verl_host_cpu_seconds_total{" + v["selector"] + "}[5m]))" },
+        { record: "instance_device:verl_host_disk_busy_ratio:rate5m", expr: "rate(verl_host_disk_io_time_seconds_total{" + v["selector"] + "}[5m])" },
+        { record: "instance_device:verl_host_disk_queue_depth:rate5m", expr: "rate(verl_host_disk_io_time_weighted_seconds_total{" + v["selector"] + "}[5m])" },
+        { record: "instance_device:verl_host_disk_await_seconds:rate5m", expr: "rate(verl_host_disk_operation_time_seconds_total{" + v["selector"] + "}[5m]) / clamp_min(rate(verl_host_disk_operations_completed_total{" + v["selector"] + "}[5m]), 1e-9)" },
+      ],
+    },
+    {
       name: "verl-exporter.engines", rules: [
         { record: "run_instance:vllm_num_requests_running:sum", expr: "sum by (run, instance) (vllm:num_requests_running)" },
         { record: "run:vllm_num_requests_running:sum", expr: "sum by (run) (vllm:num_requests_running)" },
@@ -67,15 +77,6 @@
         { record: "run:sglang_e2e_request_latency_seconds:p50_5m", expr: "histogram_quantile(0.5, sum by (run, le) (rate(sglang:e2e_request_latency_seconds_bucket[5m])))" },
         { record: "run_instance:sglang_e2e_request_latency_seconds:p99_5m", expr: "histogram_quantile(0.99, sum by (run, instance, le) (rate(sglang:e2e_request_latency_seconds_bucket[5m])))" },
         { record: "run:sglang_e2e_request_latency_seconds:p99_5m", expr: "histogram_quantile(0.99, sum by (run, le) (rate(sglang:e2e_request_latency_seconds_bucket[5m])))" },
-      ],
-    },
-    {
-      name: "verl-exporter.node", rules: [
-        { record: "instance:verl_host_cpu_utilization_ratio:rate5m", expr: "sum without (mode) (rate(verl_host_cpu_seconds_total{mode!~\"idle|iowait|steal\", " + v["selector"] + "}[5m])) / sum without (mode) (rate(verl_host_cpu_seconds_total{" + v["selector"] + "}[5m]))" },
-        { record: "instance:verl_host_cpu_iowait_ratio:rate5m", expr: "sum without (mode) (rate(verl_host_cpu_seconds_total{mode=\"iowait\", " + v["selector"] + "}[5m])) / sum without (mode) (rate(verl_host_cpu_seconds_total{" + v["selector"] + "}[5m]))" },
-        { record: "instance_device:verl_host_disk_busy_ratio:rate5m", expr: "rate(verl_host_disk_io_time_seconds_total{" + v["selector"] + "}[5m])" },
-        { record: "instance_device:verl_host_disk_queue_depth:rate5m", expr: "rate(verl_host_disk_io_time_weighted_seconds_total{" + v["selector"] + "}[5m])" },
-        { record: "instance_device:verl_host_disk_await_seconds:rate5m", expr: "rate(verl_host_disk_operation_time_seconds_total{" + v["selector"] + "}[5m]) / clamp_min(rate(verl_host_disk_operations_completed_total{" + v["selector"] + "}[5m]), 1e-9)" },
       ],
     },
   ] },

@@ -130,7 +130,17 @@ def render_docs(spec: Spec) -> dict[str, str]:
     layers = {layer: [m for m in spec.metrics if m.layer == layer] for layer in LAYERS}
     knobs = [{"row": r, "alert": r.knob.split(".", 1)[0], "meaning": knob_meaning(r.knob, by_name, spec)}
              for r in knob_table(spec)]
+    # each alert's causes, from the other side's declarations: those that silence it (inhibits:) and those
+    # that may explain it without silencing it (explains:)
+    silenced_by: dict[str, list[str]] = {}
+    explained_by: dict[str, list[str]] = {}
+    for a in alerts:
+        for target in a.inhibits:
+            silenced_by.setdefault(target, []).append(a.alert)
+        for target in a.explains:
+            explained_by.setdefault(target, []).append(a.alert)
     ctx = {"spec": spec, "knob_range": knob_range, "layers": layers, "layer_titles": LAYERS, "fed_by": fed_by,
            "knobs": knobs,
-           "alerts": [{"a": a, "expr": alert_expr(a, spec.rules.selector)} for a in alerts], "kinds": kinds(spec)}
+           "alerts": [{"a": a, "expr": alert_expr(a, spec.rules.selector), "silenced_by": silenced_by.get(a.alert, []),
+                       "explained_by": explained_by.get(a.alert, [])} for a in alerts], "kinds": kinds(spec)}
     return {f"{REFERENCE}/{page}": render(f"docs-{topic}.md.j2", **ctx) for topic, page in PAGES.items()}

@@ -113,6 +113,9 @@ class ServeConfig(StrictModel):
         json_schema_extra={"x-group": COLLECT})
     procfs: str = Field("/proc", description="where /proc is mounted",
         json_schema_extra={"x-metavar": "DIR", "x-group": COLLECT})
+    sysfs_root: str = Field("/sys", description="where /sys is mounted (the fabric collector reads "
+                                                "class/infiniband under it)",
+        json_schema_extra={"x-metavar": "DIR", "x-group": COLLECT})
     gpus: str = Field("auto", pattern=r"^(auto|all|[\w:.-]+(,[\w:.-]+)*)$",
                       description="GPUs of this rank: auto (CUDA_VISIBLE_DEVICES + local rank), all, or a "
                                   "comma-separated list of NVML indices / GPU UUIDs",

@@ -493,8 +493,9 @@ class Spec(StrictModel):
             if clash("alert", one.alert, path) is not None:
                 out.append(((*path, "alert"), f"alert {one.alert!r} is declared twice"))
         for path, a in alerts:
-            out += [((*path, "inhibits", k), f"inhibits unknown alert {t!r}") for k, t in enumerate(a.inhibits)
-                    if t not in names]
+            for key in ("inhibits", "explains"):
+                out += [((*path, key, k), f"{key} unknown alert {t!r}") for k, t in enumerate(getattr(a, key))
+                        if t not in names]
         out += [(("alerts", j, "kind"), f"a top-level alert names its series: its kind is one of "
                  f"{sorted(k for k, c in KINDS.items() if not c.on_entry)}") for j, a in enumerate(self.global_alerts)
                 if a.on_entry]

@@ -69,6 +69,9 @@ class AlertBase(StrictModel):
     labels: dict[str, str] = Field(default_factory=dict, description="team decides the route")
     runbook: dict[Literal["meaning", "confirm", "action"], str] = Field(default_factory=dict)
     inhibits: list[AlertName] = Field(default_factory=list)
+    # symptom alerts it may be the cause of but must not silence (a critical hang with other causes): the
+    # runbook names it in theirs, as it names the alerts that inhibit them
+    explains: list[AlertName] = Field(default_factory=list)
     # how long the alert stays firing after its condition stops: Prometheus >= 2.42 (render/rules.py); vmalert
     # 1.79 refuses the key and gets the alerts without it (render/victoriametrics.py)
     keep_firing_for: Duration | None = None
