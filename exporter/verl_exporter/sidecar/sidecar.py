@@ -88,6 +88,7 @@ class Sidecar:
                        local_rank=c.local_rank, trainer_pid=c.trainer_pid, checkpoint_dir=c.checkpoint_dir,
                        watch_paths=c.watch_paths, gpu_pcie_throughput=c.gpu_pcie_throughput,
                        checkpoint_grace_s=c.checkpoint_grace, checkpoint_verify=c.checkpoint_verify,
+                       preflight_result=c.preflight_result,
                        environ=dict(os.environ))
 
     def trainer_liveness(self, now: float | None = None) -> tuple[bool, str]:

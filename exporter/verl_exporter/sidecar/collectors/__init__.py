@@ -8,7 +8,7 @@ module here. REGISTRY then names it, and the CLI has its --collector.<name> flag
 
 from __future__ import annotations
 
-from . import checkpoint, cpu, disk, filesystem, gpu, gpu_processes, host, network, nvlink, pressure, xid  # noqa: F401
+from . import checkpoint, cpu, disk, filesystem, gpu, gpu_processes, host, network, nvlink, preflight, pressure, xid  # noqa: F401
 from .base import REGISTRY, Collector, Context, Sample, Unavailable, register
 
 __all__ = ["REGISTRY", "Collector", "Context", "Sample", "Unavailable", "register"]

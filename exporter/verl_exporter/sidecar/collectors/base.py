@@ -38,6 +38,7 @@ class Context:
     gpu_pcie_throughput: bool = False
     checkpoint_grace_s: float = 900.0
     checkpoint_verify: bool = False
+    preflight_result: str | None = None  # the file `verl-exporter preflight --state-dir` writes
     environ: dict[str, str] = field(default_factory=dict)
     nvml_loader: Callable[[], Any] | None = None  # returns the pynvml module (tests pass a fake)
     clock: Callable[[], float] = time.time
