@@ -60,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .relay import add_parser as relay_parser
     from .sidecar import node
 
+    from .tools.preflight import cli as preflight_cli
+
     checkpoint_cli.add_parser(sub)
+    preflight_cli.add_parser(sub)
     relay_parser(sub)
     node.add_parser(sub)
 
@@ -465,6 +468,15 @@ def cmd_forensics(args) -> int:
 
 
 COMMANDS["forensics"] = cmd_forensics
+
+
+def cmd_preflight(args) -> int:
+    from .tools.preflight import cli as preflight_cli
+
+    return preflight_cli.run(args)
+
+
+COMMANDS["preflight"] = cmd_preflight
 
 
 def main(argv: list[str] | None = None) -> int:
