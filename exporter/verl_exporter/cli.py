@@ -59,7 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     from .checkpoint import cli as checkpoint_cli
     from .relay import add_parser as relay_parser
     from .sidecar import node
-
     from .tools.preflight import cli as preflight_cli
 
     checkpoint_cli.add_parser(sub)

@@ -45,7 +45,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--relay-url", metavar="URL", help="check that the relay answers and has targets")
     p.add_argument("--prometheus-url", metavar="URL", help="check Prometheus has the rules and the targets up")
     p.add_argument("--run", metavar="NAME", help="the run label of the targets to find in Prometheus")
-    p.add_argument("--state-dir", metavar="DIR", help=f"write the result there (preflight.json) for the "
+    p.add_argument("--state-dir", metavar="DIR", help="write the result there (preflight.json) for the "
                                                       "sidecar's --preflight-result")
     p.add_argument("--skip", action="append", default=[], choices=CHECKS, metavar="CHECK",
                    help=f"do not run this check (repeatable): {', '.join(CHECKS)}")
@@ -85,6 +85,7 @@ def _seconds(text: str) -> float:
 def run_checks(o: Options, skip: set[str]) -> tuple[list[Finding], dict[str, str]]:
     """Every check not skipped, in order; a check that raises fails with its error instead of the run."""
     findings: list[Finding] = []
+    o.cache.clear()  # what the checks share is of this run
     for name, runner in RUNNERS.items():
         if name in skip:
             continue

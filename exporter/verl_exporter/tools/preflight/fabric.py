@@ -69,8 +69,9 @@ def check(o: Options) -> list[Finding]:
             rising = {k: v - old[k] for k, v in _errors(p).items() if k in old and v > old[k]}
             if rising:
                 what = ", ".join(f"{k} +{d}" for k, d in sorted(rising.items()))
-                out.append(Finding(CHECK, False, f"{_name(p)}: error counters rose in {sample_s:g} s ({what}); a "
-                                                 "bad cable, transceiver or switch port: drain the node or fix the link"))
+                out.append(Finding(CHECK, False, f"{_name(p)}: error counters rose in {sample_s:g} s ({what}); "
+                                                 "a bad cable, transceiver or switch port: drain the node or fix "
+                                                 "the link"))
     if all(f.ok for f in out):
         out.insert(0, Finding(CHECK, True, f"{len(ports)} port(s) ACTIVE and LinkUp at their rate"
                               + (f", no error counter rising over {sample_s:g} s" if sample_s > 0 else "")))

@@ -85,7 +85,7 @@ def check(o: Options) -> list[Finding]:
     if found < counted:
         out.append(Finding(CHECK, False, f"{counted - found} of the {counted} GPUs NVML counts do not answer (lost); "
                                          "drain the node (nvidia-smi; dmesg | grep -i xid)"))
-    if o.gpus is not None and found != o.gpus:
+    if o.gpus is not None and found != o.gpus and not (found < counted == o.gpus):  # lost: said above
         out.append(Finding(CHECK, False, f"{found} GPU(s) answer, --gpus expects {o.gpus}; a GPU is missing or "
                                          "the node is not the one meant: drain it or fix --gpus"))
     by_gpu = {g: [r for r in rows if r[1].get("gpu") == g] for g in labels}
@@ -109,22 +109,23 @@ def check(o: Options) -> list[Finding]:
                 a = next(x for x in o.spec.alerts() if x.alert == name)
                 out.append(Finding(CHECK, False, f"GPU {g}: {a.summary.rstrip('.')} ({name}: {', '.join(hits)}); "
                                                  f"{_action(a)}"))
-    out += _xids(o, {g.pci_bus_id.lower(): g.label for g in labels.values()})
+    out += _xids(o, {_bus_device(g.pci_bus_id): g.label for g in labels.values()})
     if all(f.ok for f in out):
         links = sum(1 for m, _, v in rows if m == "verl_gpu_nvlink_link_up" and v == 1)
-        out.insert(0, Finding(CHECK, True, f"{found} GPU(s) answer"
-                              + (f" (as --gpus expects)" if o.gpus is not None else "")
-                              + f"; no lost GPU, row remap, uncorrectable ECC or throttling; {links} NVLink link(s) up"))
+        out.insert(0, Finding(CHECK, True, f"{found} GPU(s) answer" + (" (as --gpus expects)" if o.gpus else "")
+                              + "; no lost GPU, row remap, uncorrectable ECC or throttling; "
+                              + f"{links} NVLink link(s) up"))
     return out
 
 
-def _xids(o: Options, pci_to_gpu: dict[str, str]) -> list[Finding]:
+def _xids(o: Options, pci_to_gpu: dict[tuple[int, int] | None, str]) -> list[Finding]:
     """A critical XID in the kernel log (/dev/kmsg records: 'prio,seq,usec,flags;text') within xid_lookback."""
     _, want = matchers(o.spec, XID_ALERT)
     codes = want.get("xid", set())
     lookback = duration_seconds(o.knobs.xid_lookback)
     try:
-        uptime = float(open(os.path.join(o.procfs, "uptime"), encoding="ascii").read().split()[0])
+        with open(os.path.join(o.procfs, "uptime"), encoding="ascii") as f:
+            uptime = float(f.read(256).split()[0])
         text = _read_kmsg(o.kmsg)
     except (OSError, ValueError, IndexError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
@@ -146,12 +147,18 @@ def _xids(o: Options, pci_to_gpu: dict[str, str]) -> list[Finding]:
         if age > lookback or (pci, code) in seen:
             continue
         seen.add((pci, code))
-        gpu = next((label for bus, label in pci_to_gpu.items() if bus.endswith(pci) or pci.endswith(bus)), None)
+        gpu = pci_to_gpu.get(_bus_device(pci))
         where = f"GPU {gpu} (PCI {pci})" if gpu else f"PCI {pci}"
         a = next(x for x in o.spec.alerts() if x.alert == XID_ALERT)
         out.append(Finding(CHECK, False, f"{where}: critical XID {code} {age / 3600:.1f} h ago (within "
                                          f"{o.knobs.xid_lookback}); {_action(a)}"))
     return out
+
+
+def _bus_device(pci: str) -> tuple[int, int] | None:
+    """(bus, device) of a PCI address: NVML writes 00000000:3B:00.0, the kernel's XID line 0000:3b:00."""
+    m = re.search(r"([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.[0-9a-fA-F]+)?$", pci.strip())
+    return (int(m.group(1), 16), int(m.group(2), 16)) if m else None
 
 
 def _read_kmsg(path: str) -> str:

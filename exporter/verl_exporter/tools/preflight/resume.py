@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,8 @@ def parse_node(raw: bytes, name: str) -> NodeView:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BadNodeFile(f"not JSON ({type(e).__name__})") from None
-    if not isinstance(doc, dict) or doc.get("format") != NODE_FORMAT or doc.get("format_version") != NODE_FORMAT_VERSION:
+    if not isinstance(doc, dict) or (doc.get("format"), doc.get("format_version")) != (NODE_FORMAT,
+                                                                                        NODE_FORMAT_VERSION):
         raise BadNodeFile("not a preflight node manifest (format, format_version)")
     if doc.get("node") != name:
         raise BadNodeFile(f"names node {str(doc.get('node'))[:60]!r}, not {name!r}")
@@ -219,6 +219,11 @@ def compare(views: dict[str, NodeView]) -> list[Finding]:
                                                  f"from another ({others}): its tracker or its save differs; make "
                                                  "every node resume from the same complete step"))
         return out
+    for name, v in sorted(views.items()):
+        if not v.local_ok:
+            out.append(Finding(AGREEMENT, False, f"node {name}'s own checkpoint check failed on step {v.step} (its "
+                                                 "preflight names the problem): fix that node or resume every node "
+                                                 "from an older step"))
     holders: dict[str, dict[tuple[int, str], list[str]]] = {}
     for name, v in sorted(views.items()):
         for rel, entry in v.files.items():
@@ -241,7 +246,8 @@ def compare(views: dict[str, NodeView]) -> list[Finding]:
                                              "corrupt; recopy it or resume every node from an older step"))
     for node, rels in sorted(lacks.items()):
         out.append(Finding(AGREEMENT, False, f"node {node} lacks {len(rels)} file(s) every other node holds "
-                                             f"({_names(rels)}): a partial save; recopy it or resume from an older step"))
+                                             f"({_names(rels)}): a partial save; recopy it or resume from an "
+                                             "older step"))
     return out
 
 
