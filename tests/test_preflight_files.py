@@ -9,7 +9,6 @@ import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from verl_exporter.sidecar.collectors.preflight import (
     CHECKS,
     RESULT_FORMAT,
