@@ -356,3 +356,24 @@ def test_knobs_come_from_the_overrides_file():
         parse_overrides({"preflight": {"xid_lookback": "soon"}})
     with pytest.raises(OverridesError, match="preflight.nope"):
         parse_overrides({"preflight": {"nope": 1}})
+
+
+def test_with_three_nodes_a_file_every_other_node_holds_is_missed_on_the_one_that_lacks_it(tmp_path):
+    shared = tmp_path / "manifests"
+    shared.mkdir()
+    nodes = [Node(tmp_path / n, n, shared) for n in ("n0", "n1", "n2")]
+    (nodes[1].step_dir / "data.pt").unlink()
+    write_manifest(nodes[1].step_dir)  # a manifest written after a partial save verifies locally
+    for n in nodes[1:]:
+        n.run()
+    nodes[0].o.nodes = 3
+    assert nodes[0].failures("agreement") == [
+        "node n1 lacks 1 file(s) every other node holds (data.pt): a partial save; recopy it or resume from an older "
+        "step"]
+
+
+def test_a_bad_node_name_is_bad_usage(tmp_path, capsys):
+    a, _, _ = two_nodes(tmp_path)
+    a.o.node = "../etc"
+    assert finish(a.o, {"gpu"}, False, None) == 2
+    assert "--node '../etc': a node name is letters" in capsys.readouterr().err
