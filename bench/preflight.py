@@ -32,7 +32,6 @@ from paths import REPO  # noqa: F401 - sets up imports of the package and the fa
 
 from fabric_tree import write_port  # noqa: E402
 from fake_pynvml import FakeNvml  # noqa: E402
-
 from verl_exporter.checkpoint import manifest  # noqa: E402
 from verl_exporter.checkpoint.manifest import TRACKER_NAME, write_manifest  # noqa: E402
 from verl_exporter.spec import load_spec  # noqa: E402
