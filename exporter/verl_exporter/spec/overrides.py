@@ -16,7 +16,7 @@ Per alert: ``thresholds`` (its knobs, ``knobs()`` of its kind, spec/kinds/: the 
 an expr alert's named params), ``for``, ``severity``, ``enabled``, extra ``labels`` (``team`` reroutes it),
 ``min_steps`` (the step-domain signals it reads wait for that many steps). Global: the job ``selector``,
 ``runbook_url``, ``relay_url``, ``evaluation_interval``, ``max_alerts`` (alerts per webhook to the relay) and
-``routing``.
+``routing``. ``preflight:`` holds the thresholds of `verl-exporter preflight` (PreflightKnobs).
 
 ``apply_overrides(spec, overrides)`` returns the effective Spec; everything downstream (the rules, their
 promtool tests, the dashboards, Alertmanager, the PrometheusRule, the sidecar's detectors, the in-process

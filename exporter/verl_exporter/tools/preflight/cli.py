@@ -101,16 +101,14 @@ def run_checks(o: Options, skip: set[str]) -> tuple[list[Finding], dict[str, str
 
 def run(args: argparse.Namespace) -> int:
     from ...spec import SpecError, load_spec
-    from ...spec.overrides import OverridesError, PreflightKnobs, load_overrides, resolve_path
+    from ...spec.overrides import OverridesError, PreflightKnobs, apply_overrides, load_overrides, resolve_path
 
     try:
         spec = load_spec(args.spec)
         path = resolve_path(args.overrides)
-        knobs = load_overrides(path).model.preflight if path else PreflightKnobs()
-        if path:
-            from ...spec.overrides import apply_overrides
-
-            spec = apply_overrides(spec, load_overrides(path))
+        loaded = load_overrides(path) if path else None
+        knobs = loaded.model.preflight if loaded else PreflightKnobs()
+        spec = apply_overrides(spec, loaded)  # the paging check looks for the effective alerts
     except (SpecError, OverridesError) as e:
         print(f"verl-exporter preflight: {e}", file=sys.stderr)
         return 2
