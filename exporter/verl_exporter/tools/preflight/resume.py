@@ -277,6 +277,7 @@ def check_agreement(o: Options) -> list[Finding]:
     out += compare(views)
     if all(f.ok for f in out):
         shared = len({rel for v in views.values() for rel in v.files})
-        out.append(Finding(AGREEMENT, True, f"{len(views)} node(s) agree on step {view.step} and on the bytes of "
-                                            f"their {shared} file(s)"))
+        what = f"step {view.step}" if view.step is not None else "starting from step 0 (no checkpoint)"
+        out.append(Finding(AGREEMENT, True, f"{len(views)} node(s) agree on {what} and on the bytes of their "
+                                            f"{shared} file(s)"))
     return out
