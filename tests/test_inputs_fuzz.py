@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from verl_exporter.exposition.selfmetrics import SelfMetrics
+from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
 SPEC = load_spec()
@@ -259,7 +260,7 @@ def test_any_proc_file_costs_at_most_its_own_collector(name, raw):
         shutil.copytree(FIXTURES / "proc_t0", proc)
         (proc / name).write_bytes(raw)
         metrics = SelfMetrics(SPEC)
-        ctx = Context(spec=SPEC, self_metrics=metrics, procfs=str(proc))
+        ctx = Context(spec=SPEC, self_metrics=metrics, config=ServeConfig(procfs=str(proc)))
         collectors = [REGISTRY[n](ctx) for n in sorted(set(READS.values()))]
         sampler = Sampler(collectors, SPEC, metrics)
         ok = {c.name: sampler.run_once(c) for c in collectors}  # the sampler contains a collector's failure

@@ -59,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .checkpoint import cli as checkpoint_cli
     from .relay import add_parser as relay_parser
     from .sidecar import node
+    from .tools.preflight import cli as preflight_cli
 
     checkpoint_cli.add_parser(sub)
+    preflight_cli.add_parser(sub)
     relay_parser(sub)
     node.add_parser(sub)
 
@@ -475,6 +477,13 @@ def cmd_docs(args) -> int:
 
 
 COMMANDS["docs"] = cmd_docs
+def cmd_preflight(args) -> int:
+    from .tools.preflight import cli as preflight_cli
+
+    return preflight_cli.run(args)
+
+
+COMMANDS["preflight"] = cmd_preflight
 
 
 def main(argv: list[str] | None = None) -> int:

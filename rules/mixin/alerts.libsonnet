@@ -416,6 +416,13 @@ local alerts = [
     texts(v, t):: { expr: "verl_run_restarts_without_progress{" + v["selector"] + "} >= " + v["knob.threshold"], summary: "The run keeps restarting without making a new step.", description: "Run {{ $labels.run }} restarted {{ $value | printf \"%.0f\" }} times without passing its highest step: a crash loop that burns the allocation.", runbook_url: v["runbook_url"] + "#verlruncrashloop" },
   },
   {
+    group: "verl-exporter.faults",
+    alert: "VerlTrainingAfterFailedPreflight",
+    labels: {"team": "infra"},
+    knobs: {},
+    texts(v, t):: { expr: "verl_preflight_passed{" + v["selector"] + "} == 0 and on (job, run) changes(verl_training_step{" + v["selector"] + "}[10m]) > 0", summary: "The run trains on a node whose last pre-flight failed.", description: "The last pre-flight on {{ $labels.instance }} failed, and run {{ $labels.run }} is stepping: it was started or resumed without a passing pre-flight.", runbook_url: v["runbook_url"] + "#verltrainingafterfailedpreflight" },
+  },
+  {
     group: "verl-exporter.nvlink",
     alert: "VerlNVLinkDown",
     labels: {"team": "infra"},

@@ -69,6 +69,7 @@
       VerlRunResumedBehind: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {}},
       VerlRunCrashLoop: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {"threshold": 3.0}},
       VerlCheckpointAfterDeadline: {"enabled": true, "severity": "warning", "for": "5m", "labels": {}, "thresholds": {}},
+      VerlTrainingAfterFailedPreflight: {"enabled": true, "severity": "warning", "for": "5m", "labels": {}, "thresholds": {}},
       VerlRolloutEngineDown: {"enabled": true, "severity": "warning", "for": "5m", "labels": {}, "thresholds": {}},
       VerlRolloutKVCacheSaturated: {"enabled": true, "severity": "warning", "for": "10m", "labels": {}, "thresholds": {}},
       VerlRolloutQueueGrowing: {"enabled": true, "severity": "warning", "for": "15m", "labels": {}, "thresholds": {}},

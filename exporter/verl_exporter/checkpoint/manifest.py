@@ -48,6 +48,7 @@ class VerifyResult:
     files_checked: int = 0
     bytes_checked: int = 0
     pruned: list[str] = field(default_factory=list)  # top-level folders gone whole, accepted with pruned_ok
+    trusted: int = 0  # files not hashed again: same size, unchanged since the manifest (rehash=False)
     skipped: dict[str, str] = field(default_factory=dict)  # entries not checked (see scan_files), with why
 
 
@@ -340,12 +341,22 @@ def _load_manifest(step_dir: Path) -> tuple[list[dict] | None, str | None]:
     return entries, None
 
 
-def verify_manifest(step_dir: str | os.PathLike, *, pruned_ok: bool = False) -> VerifyResult:
+def read_manifest(step_dir: str | os.PathLike) -> tuple[list[dict] | None, str | None]:
+    """(the manifest's file entries {path, size, sha256}, None), or (None, the one problem that stops a check)."""
+    return _load_manifest(Path(step_dir))
+
+
+def verify_manifest(step_dir: str | os.PathLike, *, pruned_ok: bool = False, rehash: bool = True) -> VerifyResult:
     """Check a checkpoint folder against its manifest: every problem found is one sentence naming the file.
 
     A top-level folder of the manifest (actor/, critic/) that is gone as a whole is one problem, not one per
     file: that is what verl's checkpoint retention does to older checkpoints. pruned_ok=True accepts it (the
     folder is then listed in result.pruned); use it for checkpoints older than the latest.
+
+    rehash=False trusts the hashes already in the manifest for every file of the listed size not modified
+    since the manifest was written (its mtime is not newer than the manifest's); only the others are hashed.
+    That finds missing, extra, truncated and rewritten files without reading the checkpoint again, not a
+    change that kept size and mtime (bit rot, a copy that preserved mtimes): rehash=True for those.
     """
     root = Path(step_dir)
     if not root.is_dir():
@@ -353,6 +364,10 @@ def verify_manifest(step_dir: str | os.PathLike, *, pruned_ok: bool = False) -> 
     entries, problem = _load_manifest(root)
     if entries is None:
         return VerifyResult(ok=False, problems=[problem])
+    try:
+        written_ns = (root / MANIFEST_NAME).stat().st_mtime_ns
+    except OSError as e:
+        return VerifyResult(ok=False, problems=[f"{root / MANIFEST_NAME} cannot be read: {e.strerror}."])
     result = VerifyResult(ok=True)
     if not entries:
         return VerifyResult(ok=False, problems=[f"{root}: the manifest lists no files (an empty checkpoint cannot "
@@ -376,9 +391,13 @@ def verify_manifest(step_dir: str | os.PathLike, *, pruned_ok: bool = False) -> 
                 result.problems.append(f"{rel} is missing (the manifest lists it with {entry['size']} bytes).")
             continue
         try:
-            size = path.stat().st_size
-            if size != entry["size"]:
-                result.problems.append(f"{rel} has {size} bytes; the manifest says {entry['size']}.")
+            st = path.stat()
+            if st.st_size != entry["size"]:
+                result.problems.append(f"{rel} has {st.st_size} bytes; the manifest says {entry['size']}.")
+                continue
+            if not rehash and st.st_mtime_ns <= written_ns:
+                os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # readable, as a resume will need it
+                result.trusted += 1
                 continue
             digest, read = sha256_stable(path)
         except OSError as e:

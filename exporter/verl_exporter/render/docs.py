@@ -12,7 +12,7 @@ from typing import Any
 
 from ..spec import FEEDS, Spec
 from ..spec.kinds import KINDS, AlertBase
-from ..spec.overrides import knob_table
+from ..spec.overrides import PreflightKnobs, knob_table
 from ..spec.rules import Param
 from .promql import alert_expr
 from .templating import ENV, render
@@ -60,6 +60,8 @@ def knob_meaning(knob: str, alerts: dict[str, Any], spec: Spec) -> str:
         if field == "routing":
             return "the relay receiver of this team's alerts"
         return type(spec.rules).model_fields[field].description or field.replace("_", " ")
+    if name == "preflight":
+        return PreflightKnobs.model_fields[key].description or key.replace("_", " ")
     a = alerts[name]
     if key == "for":
         return "how long the condition must hold before it fires"

@@ -132,6 +132,9 @@ class ServeConfig(StrictModel):
         json_schema_extra={"x-group": COLLECT})
     checkpoint_verify: bool = Field(False, description="check kept checkpoints against their SHA-256 manifests",
         json_schema_extra={"x-group": COLLECT})
+    preflight_result: str | None = Field(None, description="the result file of `verl-exporter preflight` on this "
+                                                           "node (<its --state-dir>/preflight.json), exported",
+        json_schema_extra={"x-group": COLLECT, "x-metavar": "FILE"})
     file_sd: str | None = Field(None, description="folder to register this sidecar in for Prometheus file_sd",
         json_schema_extra={"x-group": LIVENESS, "x-metavar": "DIR"})
     advertise: str | None = Field(None, description="host name Prometheus should scrape (default this host's FQDN)",

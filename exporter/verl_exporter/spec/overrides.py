@@ -16,7 +16,7 @@ Per alert: ``thresholds`` (its knobs, ``knobs()`` of its kind, spec/kinds/: the 
 an expr alert's named params), ``for``, ``severity``, ``enabled``, extra ``labels`` (``team`` reroutes it),
 ``min_steps`` (the step-domain signals it reads wait for that many steps). Global: the job ``selector``,
 ``runbook_url``, ``relay_url``, ``evaluation_interval``, ``max_alerts`` (alerts per webhook to the relay) and
-``routing``.
+``routing``. ``preflight:`` holds the thresholds of `verl-exporter preflight` (PreflightKnobs).
 
 ``apply_overrides(spec, overrides)`` returns the effective Spec; everything downstream (the rules, their
 promtool tests, the dashboards, Alertmanager, the PrometheusRule, the sidecar's detectors, the in-process
@@ -107,12 +107,27 @@ class GlobalOverrides(StrictModel):
         return value
 
 
+class PreflightKnobs(StrictModel):
+    """The thresholds of `verl-exporter preflight` (each one declared here, with its default, and only here)."""
+
+    xid_lookback: Duration = Field("24h", description="a critical XID (VerlGPUXidCritical's codes) in the kernel "
+                                                      "log this recently fails the GPU check")
+    fabric_sample: Duration = Field("10s", description="how long the fabric check watches the error counters "
+                                                       "(--fabric-sample overrides it)")
+    free_space_margin: float = Field(0.1, ge=0, le=10, description="headroom over the space the next saves need "
+                                                                   "(0.1 = 10%)")
+    saves_ahead: int = Field(2, ge=1, le=1000, description="saves the free space must hold when max_ckpt_to_keep "
+                                                           "is unset (verl keeps every checkpoint)")
+    nodes_wait: Duration = Field("5m", description="how long to wait for every node's manifest in --manifests-dir")
+
+
 class Overrides(StrictModel):
     """verl-exporter.yaml: knobs over the packaged alert pack."""
 
     version: Literal[1] = 1
     global_: GlobalOverrides = Field(default_factory=GlobalOverrides, alias="global")
     alerts: dict[AlertName, AlertOverride] = Field(default_factory=dict)
+    preflight: PreflightKnobs = Field(default_factory=PreflightKnobs)
 
 
 class OverridesError(FileError):
@@ -368,6 +383,11 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
                                                 else _fmt(routed))
         rows.append(KnobRow(f"global.routing.{team}", default, value,
                             src("global", "routing", team) if team in g.routing else "spec"))
+    defaults = PreflightKnobs()
+    for key in PreflightKnobs.model_fields:
+        given = key in model.preflight.model_fields_set
+        rows.append(KnobRow(f"preflight.{key}", _fmt(getattr(defaults, key)), _fmt(getattr(model.preflight, key)),
+                            src("preflight", key) if given else "spec"))
     signals = {s.name: s for s in eff.signals()}
     base_signals = {s.name: s for s in spec.signals()}
     for a in spec.alerts():

@@ -8,7 +8,21 @@ module here. REGISTRY then names it, and the CLI has its --collector.<name> flag
 
 from __future__ import annotations
 
-from . import checkpoint, cpu, disk, fabric, filesystem, gpu, gpu_processes, host, network, nvlink, pressure, xid  # noqa: F401,E501
+from . import (  # noqa: F401
+    checkpoint,
+    cpu,
+    disk,
+    fabric,
+    filesystem,
+    gpu,
+    gpu_processes,
+    host,
+    network,
+    nvlink,
+    preflight,
+    pressure,
+    xid,
+)
 from .base import REGISTRY, Collector, Context, Sample, Unavailable, register
 
 __all__ = ["REGISTRY", "Collector", "Context", "Sample", "Unavailable", "register"]
