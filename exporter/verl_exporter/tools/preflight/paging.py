@@ -15,13 +15,20 @@ CHECK = "paging"
 TIMEOUT_S = 5.0
 
 
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except RecursionError:  # nested deeper than the decoder goes: no answer either
+        raise ValueError("an answer nested deeper than the JSON decoder goes") from None
+
+
 def _get(url: str) -> tuple[int, Any]:
     """(HTTP status, parsed JSON body); raises OSError or ValueError when there is none."""
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:  # noqa: S310 - a URL the operator gave
-            return r.status, json.loads(r.read(8 << 20))
+            return r.status, _json(r.read(8 << 20))
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read(1 << 20) or b"null")
+        return e.code, _json(e.read(1 << 20) or b"null")
 
 
 def _relay(url: str) -> list[Finding]:
@@ -48,6 +55,10 @@ def _prometheus(o: Options, url: str) -> list[Finding]:
         _, targets = _get(base + "/api/v1/targets?state=active")
         loaded = {r.get("name") for g in rules["data"]["groups"] for r in g.get("rules", [])}
         active = targets["data"]["activeTargets"]
+        if not isinstance(active, list):
+            raise TypeError("activeTargets is no list")
+        # only targets shaped as Prometheus writes them count: a dict whose labels are a dict
+        active = [t for t in active if isinstance(t, dict) and isinstance(t.get("labels", {}), dict)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return [Finding(CHECK, False, f"Prometheus at {url} does not answer its API ({type(e).__name__}); fix "
                                       "--prometheus-url or start Prometheus")]
@@ -60,9 +71,8 @@ def _prometheus(o: Options, url: str) -> list[Finding]:
     want = equality_matchers(o.spec.rules.selector)
     if o.run:
         want["run"] = o.run
-    ours = [t for t in active if isinstance(t, dict)
-            and all(t.get("labels", {}).get(k) == v for k, v in want.items())]
-    down = [t.get("scrapeUrl", "?") for t in ours if t.get("health") != "up"]
+    ours = [t for t in active if all(t.get("labels", {}).get(k) == v for k, v in want.items())]
+    down = [str(t.get("scrapeUrl", "?"))[:200] for t in ours if t.get("health") != "up"]
     what = ", ".join(f'{k}="{v}"' for k, v in want.items())
     if not ours:
         out.append(Finding(CHECK, False, f"Prometheus at {url} scrapes no target with {what}: the sidecars are not "
