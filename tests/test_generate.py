@@ -157,9 +157,9 @@ def test_the_runbook_page_has_a_section_per_alert_where_its_rule_points():
 
 
 def test_runbook_names_on_each_alert_the_alerts_that_silence_or_may_explain_it():
-    from verl_exporter.render.runbook import render_runbook
+    from verl_exporter.render.docs import render_docs
 
-    text = render_runbook(SPEC)["rules/runbook.md"]
+    text = render_docs(SPEC)["docs/reference/alerts.md"]
     sections = {s.split("\n", 1)[0]: s for s in text.split("\n## ")[1:]}
     for a in SPEC.alerts():
         for target in a.inhibits:

@@ -100,15 +100,13 @@ def run_checks(o: Options, skip: set[str]) -> tuple[list[Finding], dict[str, str
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...spec import SpecError, load_spec
-    from ...spec.overrides import OverridesError, PreflightKnobs, apply_overrides, load_overrides, resolve_path
+    from ...spec import SpecError
+    from ...spec.overrides import OverridesError, PreflightKnobs, load_with_overrides
 
     try:
-        spec = load_spec(args.spec)
-        path = resolve_path(args.overrides)
-        loaded = load_overrides(path) if path else None
-        knobs = loaded.model.preflight if loaded else PreflightKnobs()
-        spec = apply_overrides(spec, loaded)  # the paging check looks for the effective alerts
+        loaded = load_with_overrides(args.spec, args.overrides)
+        knobs = loaded.overrides.model.preflight if loaded.overrides else PreflightKnobs()
+        spec = loaded.effective  # the paging check looks for the effective alerts
     except (SpecError, OverridesError) as e:
         print(f"verl-exporter preflight: {e}", file=sys.stderr)
         return 2
