@@ -6,17 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...sidecar.collectors.fabric import ERROR_COUNTERS as COLLECTED_ERRORS
 from ...sidecar.collectors.fabric import GBIT, Port, infiniband_dir, read_ports
 from ...spec.rules import duration_seconds
 from .report import Finding, Options
 
 CHECK = "fabric"
-# Counters that only rise when something is wrong (the IBA PortCounters' error counters, and mlx5's
-# retransmission and drop counters); data, packet and wait counters rise in health.
-ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
-                  "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
-                  "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
-                  "excessive_buffer_overrun_errors", "VL15_dropped")
+# Counters that only rise when something is wrong: the collector's error counters and the link's own events
+# (its alerts judge the same files); data, packet and wait counters rise in health.
+ERROR_COUNTERS = (*(file for _, file in COLLECTED_ERRORS), "link_downed", "link_error_recovery")
 ERROR_HW_COUNTERS = ("out_of_buffer", "packet_seq_err", "local_ack_timeout_err")
 
 
