@@ -171,7 +171,7 @@ def test_importing_the_package_registers_every_collector_once():
     folder = Path(collectors.__file__).parent
     registering = sorted(p.stem for p in folder.glob("*.py") if "\n@register\n" in p.read_text(encoding="utf-8"))
     assert out == sorted(collectors.REGISTRY) == sorted(cls.name for cls in collectors.REGISTRY.values())
-    assert len(out) == len(registering) == 11, (out, registering)
+    assert len(out) == len(registering) == 13, (out, registering)
     assert not hasattr(collectors, "load_all")
 
 

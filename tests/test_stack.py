@@ -30,6 +30,7 @@ from conftest import (
     require_tool,
     wait_for,
 )
+from fabric_tree import healthy_node
 from robots import FakeDingTalk
 from verl_exporter import Monitor
 from verl_exporter.checkpoint.manifest import write_manifest
@@ -98,7 +99,8 @@ def stack(tmp_path_factory):
             "--rank", "0", "--gpus", "all", "--interval", "0.5", "--slow-interval", "2",
             "--trainer-pid", str(os.getpid()), "--control-token-env", "VERL_CTL",
             "--forensics-dir", str(root / "forensics"), "--no-forensics-native",
-            "--state-dir", str(root / "state"), "--planned-steps", "300"], env={"VERL_CTL": CONTROL_TOKEN}))
+            "--state-dir", str(root / "state"), "--planned-steps", "300",
+            "--sysfs-root", str(healthy_node(root / "sys"))], env={"VERL_CTL": CONTROL_TOKEN}))
         wait_for(lambda: ready(sidecar_url + "/healthz", procs[-1]), timeout=30)
         for line in lines[-2:]:  # two steps seen live, a second apart: the step time the ETA needs
             time.sleep(1.1)
