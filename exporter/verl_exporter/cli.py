@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from . import __version__
 from .core.shutdown import GRACE_S, exit_on_signal, stop_event
@@ -179,24 +180,22 @@ def _os_error(e: OSError) -> str:
     return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e.strerror or e)
 
 
-def _positive_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 10_000:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be a number of steps per second in (0, 10000], got {text!r}")
-    return value
+def bounded_float(ok: Callable[[float], bool], must: str, what: str = "a number") -> Callable[[str], float]:
+    """An argparse type: a float that ok() accepts (write ok so that nan and inf fail it), else 'must, got X'."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{must}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _margin(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 10:
-        raise argparse.ArgumentTypeError(f"must be a share in [0, 10] (0.2 = 20%), got {text!r}")
-    return value
+_positive_rate = bounded_float(lambda v: 0 < v <= 10_000, "must be a number of steps per second in (0, 10000]")
+_margin = bounded_float(lambda v: 0 <= v <= 10, "must be a share in [0, 10] (0.2 = 20%)")
 
 
 def _announce(path: str) -> None:

@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Callable
 
+from ...cli import bounded_float
 from ...sidecar.collectors.preflight import CHECKS
 from . import disk, fabric, gpus, paging, resume
 from .report import Finding, Options, UsageError, default_node, document, render_text, status_of, write_result
@@ -62,24 +63,8 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"must be over 0, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be seconds in [0, 3600], got {text!r}")
-    return value
+_positive = bounded_float(lambda v: 0 < v < 1e6, "must be over 0")
+_seconds = bounded_float(lambda v: 0 <= v <= 3600, "must be seconds in [0, 3600]", "a number of seconds")
 
 
 def run_checks(o: Options, skip: set[str]) -> tuple[list[Finding], dict[str, str]]:
