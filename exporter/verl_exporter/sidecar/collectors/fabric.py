@@ -112,23 +112,23 @@ def read_ports(sysfs_root: Path) -> list[Port]:
     return out
 
 
+def _read_enum(directory: Path, name: str, problems: list[Problem]) -> tuple[int | None, str | None]:
+    """(code, name) of a sysfs 'N: NAME' file such as state; (None, None) when missing or garbled."""
+    text = _read(directory, name, problems)
+    if text is None:
+        return None, None
+    parsed = _enum(text)
+    if parsed is None:
+        problems.append(Problem(name, f"not 'N: NAME': {text[:40]!r}"))
+        return None, None
+    return parsed
+
+
 def read_port(directory: Path, device: str, number: int) -> Port:
     port = Port(device=device, port=number)
     problems = port.problems
-    text = _read(directory, "state", problems)
-    if text is not None:
-        parsed = _enum(text)
-        if parsed is None:
-            problems.append(Problem("state", f"not 'N: NAME': {text[:40]!r}"))
-        else:
-            port.state_code, port.state = parsed
-    text = _read(directory, "phys_state", problems)
-    if text is not None:
-        parsed = _enum(text)
-        if parsed is None:
-            problems.append(Problem("phys_state", f"not 'N: NAME': {text[:40]!r}"))
-        else:
-            port.phys_state_code, port.phys_state = parsed
+    port.state_code, port.state = _read_enum(directory, "state", problems)
+    port.phys_state_code, port.phys_state = _read_enum(directory, "phys_state", problems)
     text = _read(directory, "rate", problems)
     if text is not None:
         match = _RATE.match(text)
