@@ -100,7 +100,10 @@ def test_the_hang_page_carries_the_verdict_on_the_trainers_real_stacks():
     if os.environ.get("VERL_EXPORTER_UPDATE_DOCS"):
         page.write_text(with_excerpt(page.read_text(encoding="utf-8"), fresh, "demo_hang"), encoding="utf-8")
     committed = in_page(page.read_text(encoding="utf-8"), "demo_hang")
-    assert kinds_in(committed, "demo_hang") == kinds_in(fresh, "demo_hang") == ["hang", "stalled", "stacks", "hung",
-                                                                                "page"]
+    # the warning's firing and the sidecar's own capture race each other (Prometheus' evaluation against the
+    # sidecar's stall check): their order is the run's, the rest is causal
+    for kinds in (kinds_in(committed, "demo_hang"), kinds_in(fresh, "demo_hang")):
+        assert sorted(kinds) == sorted(["hang", "stalled", "stacks", "hung", "page"]), kinds
+        assert kinds[0] == "hang" and kinds[-1] == "page", kinds
     assert [re.sub(r"\d", "0", line) for line in message_of(committed, "VerlHangForensics")] == \
         [re.sub(r"\d", "0", line) for line in message_of(fresh, "VerlHangForensics")]
