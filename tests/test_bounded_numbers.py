@@ -29,3 +29,22 @@ def test_a_rank_of_the_environment_that_is_no_rank_is_ignored(monkeypatch, rank)
     monkeypatch.setenv("LOCAL_RANK", rank)
     config = build_config({}, {"listen": "127.0.0.1:0"})
     assert config.rank is None and config.local_rank is None
+
+
+@pytest.mark.parametrize("text", ["9" * 5000, "٣", "-1", "1.5", "", " "])
+def test_a_count_flag_refuses_what_is_no_bounded_whole_number(text):
+    import argparse
+
+    from verl_exporter.core.argtypes import whole_number
+
+    with pytest.raises(argparse.ArgumentTypeError, match="not a whole number"):
+        whole_number(text)
+
+
+def test_preflight_refuses_a_count_of_thousands_of_digits_with_a_usage_error(capsys):
+    from verl_exporter.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["preflight", "--gpus", "9" * 5000])
+    assert stop.value.code == 2
+    assert "not a whole number" in capsys.readouterr().err

@@ -7,9 +7,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 
 from . import __version__
+from .core.argtypes import bounded_float, whole_number
 from .core.shutdown import GRACE_S, exit_on_signal, stop_event
 
 
@@ -132,19 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _max_steps_flag(p: argparse.ArgumentParser) -> None:
     from .tools.replay import MAX_STEPS
 
-    p.add_argument("--max-steps", type=_count, default=MAX_STEPS, metavar="N",
+    p.add_argument("--max-steps", type=whole_number, default=MAX_STEPS, metavar="N",
                    help=f"judge at most the last N steps of a run, with a warning (default {MAX_STEPS:,}; 0: all, "
                         "in time and memory that grow with the steps)")
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
 
 
 def cmd_serve(args) -> int:
@@ -178,20 +168,6 @@ def cmd_serve(args) -> int:
 def _os_error(e: OSError) -> str:
     """'PATH: reason' for an OSError, without Python's [Errno N] prefix."""
     return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e.strerror or e)
-
-
-def bounded_float(ok: Callable[[float], bool], must: str, what: str = "a number") -> Callable[[str], float]:
-    """An argparse type: a float that ok() accepts (write ok so that nan and inf fail it), else 'must, got X'."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{must}, got {text!r}")
-        return value
-
-    return parse
 
 
 _positive_rate = bounded_float(lambda v: 0 < v <= 10_000, "must be a number of steps per second in (0, 10000]")

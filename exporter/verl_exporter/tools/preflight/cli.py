@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from ...cli import bounded_float
+from ...core.argtypes import bounded_float, whole_number
 from ...sidecar.collectors.preflight import CHECKS
 from . import disk, fabric, gpus, paging, resume
 from .report import Finding, Options, UsageError, default_node, document, render_text, status_of, write_result
@@ -26,8 +26,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("preflight", help="check this node before a run starts or resumes (GPUs, fabric, "
                                                 "disk, the checkpoint to resume, across nodes)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpus", type=_count, metavar="N", help="GPUs this node must have")
-    p.add_argument("--ports", type=_count, metavar="N", help="InfiniBand/RoCE ports this node must have")
+    p.add_argument("--gpus", type=whole_number, metavar="N", help="GPUs this node must have")
+    p.add_argument("--ports", type=whole_number, metavar="N", help="InfiniBand/RoCE ports this node must have")
     p.add_argument("--port-rate", type=_positive, metavar="GBPS",
                    help="the rate every port must run at (default: the fastest port of the same link layer)")
     p.add_argument("--fabric-sample", type=_seconds, metavar="SECONDS",
@@ -36,13 +36,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--procfs", default="/proc", metavar="DIR", help="where /proc is mounted (default /proc)")
     p.add_argument("--kmsg", default="/dev/kmsg", metavar="PATH", help="the kernel log read for XIDs")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="verl's trainer.default_local_dir")
-    p.add_argument("--max-ckpt-to-keep", type=_count, metavar="N", help="verl's trainer.max_actor_ckpt_to_keep")
+    p.add_argument("--max-ckpt-to-keep", type=whole_number, metavar="N", help="verl's trainer.max_actor_ckpt_to_keep")
     p.add_argument("--deep", action="store_true", help="hash every checkpoint file, even those its manifest "
                                                        "vouches for (unchanged since it was written)")
     p.add_argument("--manifests-dir", metavar="DIR", help="a folder every node shares: each node writes "
                                                           "<node>.json there and compares with the others")
     p.add_argument("--node", default=None, metavar="NAME", help="this node's name there (default the host name)")
-    p.add_argument("--nodes", type=_count, metavar="N", help="nodes to wait for in --manifests-dir")
+    p.add_argument("--nodes", type=whole_number, metavar="N", help="nodes to wait for in --manifests-dir")
     p.add_argument("--relay-url", metavar="URL", help="check that the relay answers and has targets")
     p.add_argument("--prometheus-url", metavar="URL", help="check Prometheus has the rules and the targets up")
     p.add_argument("--run", metavar="NAME", help="the run label of the targets to find in Prometheus")
@@ -55,12 +55,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                        "(default $VERL_EXPORTER_OVERRIDES, ./verl-exporter.yaml)")
     p.add_argument("--spec", metavar="PATH", help="a metric spec to use, not the packaged one")
     return p
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
-    return int(text)
 
 
 _positive = bounded_float(lambda v: 0 < v < 1e6, "must be over 0")

@@ -1,0 +1,31 @@
+"""argparse types for numbers typed on a command line: each refuses what it cannot bound with 'must ..., got X'
+(nan, inf, and integers of thousands of digits, which int() itself refuses with a ValueError of its own)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+_MAX_DIGITS = 18  # any count a flag takes fits; int() of 4,300+ digits raises, and we never want to reach it
+
+
+def whole_number(text: str) -> int:
+    """A count: 0 or more, in ASCII digits."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > _MAX_DIGITS:
+        raise argparse.ArgumentTypeError(f"not a whole number of 0 or more: {text[:40]!r}")
+    return int(digits)
+
+
+def bounded_float(ok: Callable[[float], bool], must: str, what: str = "a number") -> Callable[[str], float]:
+    """A float that ok() accepts (write ok so that nan and inf fail it), else 'must, got X'."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text[:40]!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{must}, got {text[:40]!r}")
+        return value
+
+    return parse
