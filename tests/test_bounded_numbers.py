@@ -48,3 +48,14 @@ def test_preflight_refuses_a_count_of_thousands_of_digits_with_a_usage_error(cap
         main(["preflight", "--gpus", "9" * 5000])
     assert stop.value.code == 2
     assert "not a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pid", [0, 2**31, 10**20])
+def test_a_trainer_pid_no_process_can_have_is_refused_at_start(pid):
+    """os.kill(2**31, 0) raises OverflowError (the state's liveness check took the sidecar down at start);
+    os.kill(0, 0) reaches the sidecar's own process group, so pid 0 read as a trainer always running."""
+    from verl_exporter.sidecar.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="trainer_pid"):
+        build_config({}, {"listen": "127.0.0.1:0", "trainer_pid": pid})
+    assert build_config({}, {"listen": "127.0.0.1:0", "trainer_pid": 2**31 - 1}).trainer_pid == 2**31 - 1

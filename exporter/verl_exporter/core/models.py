@@ -17,16 +17,21 @@ import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)
 KeyPath = tuple[str | int, ...]  # a place in a document: mapping keys and sequence indexes, outermost first
 Lines = dict[KeyPath, int]  # {key path: 1-based line}
 Hint = Callable[[ErrorDetails, KeyPath], str | None]
+
+
+# A process id: 0 is none (os.kill(0, ...) reaches one's own process group), and the kernel's pid_t holds no more
+# than 2**31 - 1 (os.kill of a larger one raises OverflowError).
+Pid = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
 class StrictModel(BaseModel):

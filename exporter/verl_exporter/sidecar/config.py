@@ -20,7 +20,7 @@ from pydantic import BeforeValidator, Field, JsonValue, ValidationInfo, field_va
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from ..core.models import FileError, KeyPath, StrictModel, json_schema, read_yaml, validate, where
+from ..core.models import FileError, KeyPath, Pid, StrictModel, json_schema, read_yaml, validate, where
 from ..exposition.app import parse_listen
 from ..spec import LABEL_NAME_RE, RESERVED_LABELS, SCRAPED_FROM, Engine
 from .collectors.sampler import DEFAULT_INTERVAL_S, DEFAULT_SLOW_INTERVAL_S
@@ -120,7 +120,7 @@ class ServeConfig(StrictModel):
                       description="GPUs of this rank: auto (CUDA_VISIBLE_DEVICES + local rank), all, or a "
                                   "comma-separated list of NVML indices / GPU UUIDs",
         json_schema_extra={"x-metavar": "auto|all|LIST", "x-group": COLLECT})
-    trainer_pid: Count | None = Field(None, description="the trainer's pid: its process tree is role=trainer",
+    trainer_pid: Pid | None = Field(None, description="the trainer's pid: its process tree is role=trainer",
         json_schema_extra={"x-metavar": "PID", "x-group": COLLECT})
     watch_paths: Annotated[tuple[str, ...], BeforeValidator(_tuple)] = \
         Field((), description="also export size/free of the filesystems holding these paths",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field, PlainValidator
 
 from ..core.atomicfile import write_atomic
-from ..core.models import FileError, StrictModel, read_json, valid_fields
+from ..core.models import FileError, Pid, StrictModel, read_json, valid_fields
 from ..exposition.selfmetrics import SelfMetric, SelfMetrics
 from .store import as_step
 
@@ -73,7 +73,7 @@ class ProgressState(StrictModel):
     restarts: Count = 0
     restarts_without_progress: Count = 0
     redone_steps: Annotated[float, Field(ge=0, le=_MAX_COUNT)] = 0.0
-    trainer_pid: Annotated[int, Field(ge=1, le=2**31)] | None = None
+    trainer_pid: Pid | None = None
     stop_requested: bool = False
     awaiting_resume: bool = False
 _RESETS = SelfMetric("verl_exporter_source_resets_total")
