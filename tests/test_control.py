@@ -617,3 +617,24 @@ def test_a_version_1_file_of_an_older_sidecar_is_still_understood(tmp_path):
     assert reader.take_checkpoint_request() and reader.reason == "NaN" and not reader.stop_requested
     # and the other way round: an older trainer's reader (stop_time after its start) sees a new stop
     assert ControlState(str(path)).request("stop", "x").state["stop_time"] > 100.0
+
+
+@pytest.mark.parametrize("body", [b"[" * 1500 + b"]" * 1500, b'{"reason": ' + b"[" * 1500 + b"]" * 1500 + b"}"])
+@pytest.mark.parametrize("action", ["checkpoint", "stop", "forensics"])
+def test_a_body_nested_past_the_json_decoder_is_a_counted_400(tmp_path, action, body):
+    """It was a RecursionError: 500 with a traceback in the log, and the request counted nowhere."""
+    import io
+
+    from verl_exporter.exposition.selfmetrics import SelfMetrics
+    from verl_exporter.sidecar.control import MAX_BODY, make_control_app
+
+    assert len(body) <= MAX_BODY  # within the size the endpoint reads: only the nesting is wrong
+    metrics = SelfMetrics(load_spec())
+    app = make_control_app(ControlState(str(tmp_path / "control.json")), TOKEN, metrics)
+    answers: list[str] = []
+    out = app({"PATH_INFO": f"/control/{action}", "REQUEST_METHOD": "POST", "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+               "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)},
+              lambda status, headers: answers.append(status))
+    assert answers == ["400 Bad Request"] and "JSON" in json.loads(b"".join(out))["error"]
+    assert metrics.value("verl_exporter_control_requests_total", action=action, result="bad_request") == 1
+    assert not (tmp_path / "control.json").exists()

@@ -397,7 +397,7 @@ def make_control_app(state: ControlState, token: str, self_metrics: SelfMetrics,
             try:
                 body = json.loads(environ["wsgi.input"].read(length) or b"{}")
                 reason = one_line(str(body.get("reason", ""))) if isinstance(body, dict) else ""
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder goes
                 return reply("400 Bad Request", {"error": "the body must be JSON"}, "bad_request")
             except TimeoutError:  # the client stopped sending its body
                 return reply("408 Request Timeout", {"error": "the body did not arrive in time"}, "bad_request")
