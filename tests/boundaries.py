@@ -146,6 +146,7 @@ INVENTORY: tuple[Boundary, ...] = (
               "tests/test_yaml_fuzz.py::test_alias_bombs_of_any_size_are_refused",
               "tests/test_engines_sd.py::test_any_document_gives_an_entry_of_valid_targets_only",
               "tests/test_engines_sd.py::test_any_mutation_of_verls_file_is_read_without_raising",
+              "tests/test_engines_sd.py::test_a_fifo_or_folder_as_verls_file_never_blocks_the_sidecar",
               "tests/test_engines_scrape.py::test_engines_from_counts_bad_input_keeps_the_last_entry_and_follows_changes")),
     Boundary("files a relay config names (message templates, token files)", "file",
              ("relay/config.py::_read",),

@@ -80,3 +80,27 @@ def test_any_mutation_of_verls_file_is_read_without_raising(tmp_path, edits):
     if sd.update():
         written = json.loads((tmp_path / "sd" / "rollout-r.json").read_text())
         assert all(is_target(t) for t in written[0]["targets"])
+
+
+def test_a_fifo_or_folder_as_verls_file_never_blocks_the_sidecar(tmp_path):
+    """update() runs at the sidecar's start: opening a FIFO there blocked it before it ever served /metrics."""
+    import os
+    import threading
+
+    source = tmp_path / "prometheus.yml"
+    sm = SelfMetrics(SPEC)
+    sd = EnginesSd(str(source), str(tmp_path / "sd"), "r", "vllm", sm.problem)
+    for make in (os.mkfifo, os.mkdir):
+        make(source)
+        done: list[bool] = []
+        reader = threading.Thread(target=lambda out=done: out.append(sd.update()), daemon=True)
+        reader.start()
+        reader.join(timeout=5)
+        blocked = reader.is_alive()
+        if blocked:  # let the blocked open() go before failing
+            os.close(os.open(source, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(timeout=5)
+        assert not blocked and done == [False]
+        os.rmdir(source) if source.is_dir() else source.unlink()
+    assert sm.value("verl_exporter_source_errors_total", component="engines_sd") == 2
+    assert not (tmp_path / "sd").exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -91,6 +92,9 @@ class EnginesSd:
         if seen == self._seen:
             return False
         self._seen = seen
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block open(), at the sidecar's start before it serves
+            self._problem(COMPONENT, "unreadable", f"{self.source}: not a regular file", expected=True)
+            return False
         try:
             doc, _ = read_yaml(self.source)
         except (FileError, OSError) as e:
