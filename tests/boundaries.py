@@ -70,6 +70,7 @@ INVENTORY: tuple[Boundary, ...] = (
              ("relay/journal.py::Journal.recover", "relay/journal.py::SpoolLock.acquire",
               "relay/journal.py::spool_holder", "relay/journal.py::_pid_in"),
              (FUZZ + "test_any_journal_is_recovered_line_by_line",
+              "tests/test_relay_journal.py::test_a_fifo_or_folder_in_the_journals_place_is_set_aside_and_the_relay_starts",
               "tests/test_relay_spool_lock.py::test_the_lock_refuses_a_second_holder_in_one_process_and_is_free_after_release")),
     Boundary("the control file (sidecar writes, trainer reads)", "file",
              ("sidecar/control.py::read_control_file", "sidecar/control.py::ControlState.request",

@@ -130,3 +130,30 @@ def test_a_spool_file_that_is_a_fifo_or_nested_past_the_decoder_is_set_aside_and
     assert not loader.is_alive() and loaded == [1]
     assert metrics.value("verl_relay_spool_errors_total", operation="read") == 2
     assert sorted(p.name for p in tmp_path.glob("*.bad")) == [f"{SPOOL_PREFIX}2.bad", f"{SPOOL_PREFIX}3.bad"]
+
+
+@pytest.mark.parametrize("make", ["fifo", "folder"])
+def test_a_fifo_or_folder_in_the_journals_place_is_set_aside_and_the_relay_starts(tmp_path, make):
+    """A FIFO there blocked the relay's start in open() on every restart (no webhook, no /healthz); a folder made
+    the journal's rewrite fail, so the relay refused to start."""
+    import os
+    import threading
+
+    metrics = RelayMetrics()
+    j = Journal(tmp_path, metrics, window=60)
+    os.mkfifo(j.path) if make == "fifo" else j.path.mkdir()
+    got: list[tuple] = []
+    reader = threading.Thread(target=lambda: got.append(j.recover()), daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    blocked = reader.is_alive()
+    if blocked:  # let the blocked open() go before failing
+        os.close(os.open(j.path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=5)
+    assert not blocked and got == [([], {})]
+    assert metrics.value("verl_relay_spool_errors_total", operation="read") == 1
+    j.restart([])  # the relay's start goes on: the journal is written anew
+    j.add("dt", "r", alert(1))
+    entries, _ = Journal(tmp_path, RelayMetrics(), window=60).recover()
+    assert [e.alert["labels"]["i"] for e in entries] == ["1"]
+    assert j.path.is_file() and (tmp_path / (j.path.name + ".bad")).exists()

@@ -27,6 +27,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import sys
 import threading
 import time
@@ -209,11 +210,17 @@ class Journal:
         entries: dict[int, Entry] = {}
         tries: dict[int, tuple[str, float]] = {}
         remove_stale_temps(self.path)  # a rewrite cut short by a kill
+        lines: list[str] = []
         try:
-            with open(self.path, encoding="utf-8") as f:
-                lines = f.readlines()
+            if stat.S_ISREG(os.stat(self.path).st_mode):
+                with open(self.path, encoding="utf-8") as f:
+                    lines = f.readlines()
+            else:  # a FIFO would block the start in open(), a folder the journal's rewrite: set it aside
+                aside = self.path.with_name(self.path.name + ".bad")
+                self._error("read", f"{self.path.name} is not a regular file; renamed to {aside.name}")
+                os.replace(self.path, aside)
         except FileNotFoundError:
-            lines = []
+            pass
         except (OSError, UnicodeDecodeError) as e:
             self._error("read", f"cannot read {self.path.name} ({e})")
             lines = []
