@@ -232,6 +232,28 @@ def test_a_garbled_tracker_or_partial_or_unreadable_checkpoint_fails(tmp_path):
         assert "data.pt cannot be read" in line and "Permission denied" in line
 
 
+@pytest.mark.parametrize("make", [os.mkfifo, os.mkdir])
+def test_a_fifo_or_folder_as_the_tracker_fails_without_blocking_the_preflight(tmp_path, make):
+    """The tracker read itself never blocks; saying why it holds no step opened a FIFO and waited for ever."""
+    import threading
+
+    node = Node(tmp_path)
+    tracker = node.ckpt / TRACKER_NAME
+    tracker.unlink()
+    make(tracker)
+    got: list[list[str]] = []
+    checks = threading.Thread(target=lambda: got.append(node.failures("checkpoint")), daemon=True)
+    checks.start()
+    checks.join(timeout=10)
+    blocked = checks.is_alive()
+    if blocked:  # let the blocked open() go before failing
+        os.close(os.open(tracker, os.O_WRONLY | os.O_NONBLOCK))
+        checks.join(timeout=10)
+    assert not blocked
+    assert got == [[f"{tracker} is not a regular file: fix it to name the step to resume (e.g. the newest "
+                    "complete global_step_N)"]]
+
+
 def test_a_manifest_already_written_is_not_hashed_again_but_a_changed_file_is(tmp_path, monkeypatch):
     from verl_exporter.checkpoint import manifest
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +122,12 @@ def _inspect(o: Options, hash_missing: bool) -> tuple[list[Finding], NodeView]:
     step = read_tracker(root)
     if step is None:
         try:
-            with open(tracker, "rb") as f:
-                f.read(1)
-            why = "does not hold a step number"
+            fd = os.open(tracker, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there must not block the pre-flight
+            try:
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            finally:
+                os.close(fd)
+            why = "does not hold a step number" if regular else "is not a regular file"
         except OSError as e:
             why = f"cannot be read ({e.strerror})"
         return fail(f"{tracker} {why}: fix it to name the step to resume (e.g. the newest complete global_step_N)")
