@@ -59,3 +59,23 @@ def test_a_trainer_pid_no_process_can_have_is_refused_at_start(pid):
     with pytest.raises(ConfigError, match="trainer_pid"):
         build_config({}, {"listen": "127.0.0.1:0", "trainer_pid": pid})
     assert build_config({}, {"listen": "127.0.0.1:0", "trainer_pid": 2**31 - 1}).trainer_pid == 2**31 - 1
+
+
+@pytest.mark.parametrize("flag, text", [("--rank", "٣"), ("--rank", "9" * 20), ("--local-rank", "１"),
+                                        ("--forensics-max-files", "٣"), ("--max-unmapped", "9" * 5000)])
+def test_a_serve_number_flag_refuses_non_ascii_digits_and_unbounded_digits(flag, text, capsys):
+    """int() alone read '٣' as 3 and took 20 or 5,000 digits: every integer flag of serve is ASCII and bounded."""
+    from verl_exporter.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", flag, text])
+    assert stop.value.code == 2
+    assert "not a whole number" in capsys.readouterr().err
+
+
+def test_a_count_setting_of_a_config_file_is_bounded():
+    from verl_exporter.sidecar.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="max_unmapped"):
+        build_config({"max_unmapped": 10**30}, {"listen": "127.0.0.1:0"})
+    assert build_config({"max_unmapped": 7}, {"listen": "127.0.0.1:0"}).max_unmapped == 7

@@ -17,6 +17,16 @@ def whole_number(text: str) -> int:
     return int(digits)
 
 
+def integer(text: str) -> int:
+    """An integer in ASCII digits with an optional sign (int() alone takes '٣' for 3 and 4,000 digits);
+    its range is the setting's to check."""
+    digits = text.strip()
+    body = digits[1:] if digits[:1] in "+-" else digits
+    if not (body.isascii() and body.isdigit()) or len(body) > _MAX_DIGITS:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}")
+    return int(digits)
+
+
 def bounded_float(ok: Callable[[float], bool], must: str, what: str = "a number") -> Callable[[str], float]:
     """A float that ok() accepts (write ok so that nan and inf fail it), else 'must, got X'."""
     def parse(text: str) -> float:

@@ -20,6 +20,7 @@ from pydantic import BeforeValidator, Field, JsonValue, ValidationInfo, field_va
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from ..core.argtypes import integer
 from ..core.models import FileError, KeyPath, Pid, StrictModel, json_schema, read_yaml, validate, where
 from ..exposition.app import parse_listen
 from ..spec import LABEL_NAME_RE, RESERVED_LABELS, SCRAPED_FROM, Engine
@@ -63,7 +64,7 @@ def _tuple(value: Any) -> Any:
 
 
 Name = Annotated[str, BeforeValidator(_as_written, json_schema_input_type=str | int)]
-Count = Annotated[int, Field(ge=0)]
+Count = Annotated[int, Field(ge=0, le=10**18)]  # a count or size from a file or flag; none is larger
 LabelName = Annotated[str, Field(pattern=LABEL_NAME_RE.pattern)]
 
 
@@ -376,7 +377,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         elif kind in (tuple, dict):
             options.update(action="append", help=options["help"] + " (repeatable)")
         else:
-            options["type"] = kind
+            options["type"] = integer if kind is int else kind  # ASCII digits, bounded: see core.argtypes
             options.setdefault("metavar", {int: "N", float: "S"}.get(kind))
         target.add_argument(flag_name(name), **options)
     from .collectors import REGISTRY
