@@ -18,7 +18,7 @@ from ..spec.kinds.stall import StallAlert
 from ..spec.overrides import AlertOverride, LoadedOverrides, Overrides, apply_overrides, load_effective_spec
 from .collectors import Context
 from .collectors.sampler import Sampler, build_collectors
-from .config import ServeConfig
+from .config import ServeConfig, flag_name
 from .control import PATH_PREFIX as CONTROL_PATH
 from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
 from .engines_sd import EnginesSd
@@ -207,18 +207,19 @@ class Sidecar:
 
 def hang_flags(spec: Spec, config: ServeConfig) -> Spec:
     """The spec with the deprecated --hang-factor / --hang-min-seconds set as the hang alerts' knobs (factor,
-    at_least), as an overrides file would set them (and checked alike): /healthz, the forensics trigger and the
-    breaker judge that one declaration. A flag moves only this sidecar's judges, not Prometheus' rules: the
-    deprecation line names the overrides key that moves both."""
-    knobs = {"factor": config.hang_factor or None, "at_least": config.hang_min_seconds}  # factor 0 was "off"
-    given = {k: v for k, v in knobs.items() if v is not None}
+    at_least), as an overrides file would set them (and checked alike): /healthz and the forensics trigger judge
+    that one declaration. A flag moves only this sidecar's judges, not Prometheus' rules: the deprecation line
+    names the overrides key that moves both."""
+    settings = {"factor": "hang_factor", "at_least": "hang_min_seconds"}  # knob: its deprecated setting
+    given = {knob: value for knob, field in settings.items()
+             if (value := getattr(config, field)) is not None and (value or knob != "factor")}  # factor 0 was off
     if not given:
         return spec
     names = [a.alert for a in hang_alerts(spec)]
-    flags = " and ".join(f"--{'hang-factor' if k == 'factor' else 'hang-min-seconds'}" for k in given)
-    log.warning("%s %s deprecated: set the thresholds %s of %s in the overrides file (the rules follow it too) "
-                "and --healthz-hang", flags, "is" if len(given) == 1 else "are", " and ".join(given),
-                ", ".join(names) or "the critical stall alert")
+    flags = " and ".join(flag_name(settings[knob]) for knob in given)
+    keys = " and ".join(f"alerts.{name}.thresholds.{knob}" for name in names for knob in given)
+    log.warning("%s %s deprecated: set %s in the overrides file (the rules follow it too) and --healthz-hang",
+                flags, "is" if len(given) == 1 else "are", keys or "the critical stall alert's knobs")
     doc = Overrides(alerts={name: AlertOverride(thresholds=given) for name in names})
     return apply_overrides(spec, LoadedOverrides(doc, origin=flags))
 

@@ -106,7 +106,8 @@ class StallAlert(WithTest, AlertBase):
                 paces = values
         if not stamps:
             raise ValueError(f"{self.alert}: its test has no {self.metric} series")
-        longest = max(alert.knob_values().values())
+        limits = [alert.limit(p) for p in {None, *(p for p, _ in paces)}]
+        longest = max(x for x in limits if x is not None) if any(x is not None for x in limits) else 0.0
         for minute in range(len(stamps) + math.ceil(longest / 60) + 2):
             stamp = stamps[min(minute, len(stamps) - 1)][0]
             pace = paces[min(minute, len(paces) - 1)][0] if paces else None
