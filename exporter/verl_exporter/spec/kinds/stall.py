@@ -30,6 +30,13 @@ MIN_SECONDS = 1.0
 KNOBS = ("factor", "at_least", "before_baseline")
 
 
+def _knob(value: float, minimum: float) -> Param:
+    """A limit as a knob with its range (an overrides file is held to it). Its value is echoed unchecked: the
+    spec's keys were checked against the same bound when it was read, and a copy made off it on purpose (the
+    demo's compressed clock, tools/demo_stack.py compress_stalls) must still render."""
+    return Param.model_construct(value=float(value), op=">", min=minimum)
+
+
 @register
 class StallAlert(WithTest, AlertBase):
     kind: Literal["stall"] = "stall"
@@ -44,10 +51,9 @@ class StallAlert(WithTest, AlertBase):
     explicit_test = True
 
     def knobs(self) -> dict[str, Param]:
-        out = {"factor": Param(value=float(self.factor), op=">", min=MIN_FACTOR),
-               "at_least": Param(value=float(self.at_least), op=">", min=MIN_SECONDS)}
+        out = {"factor": _knob(self.factor, MIN_FACTOR), "at_least": _knob(self.at_least, MIN_SECONDS)}
         if self.before_baseline is not None:  # none is no clause, not a number to move
-            out["before_baseline"] = Param(value=float(self.before_baseline), op=">", min=MIN_SECONDS)
+            out["before_baseline"] = _knob(self.before_baseline, MIN_SECONDS)
         return out
 
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
