@@ -3,8 +3,8 @@
     python bench/forensics.py [--dumps N] [--json FILE]
 
 A real hang (tests/hang_gloo.py: two CPU ranks in a gloo group under a launcher, rank 1 stuck in a slow
-compute_score from step 15, step time 0.1 s) followed by a real `verl-exporter serve --forensics-dir` on the
-packaged spec with VerlTrainingStalledRelative's floor lowered to 3 s (as tests/test_forensics_hang.py does),
+compute_score from step 15, step time 0.1 s) followed by a real `verl-exporter serve --forensics-dir` with an
+overrides file lowering VerlTrainingStalledRelative's floor to 3 s (as tests/test_forensics_hang.py does),
 then, on the hung ranks:
 
 1. stall to captured stacks: the seconds from the last step line to the capture file on disk, against the
@@ -34,7 +34,7 @@ import psutil  # noqa: E402
 import requests  # noqa: E402
 from conftest import ServeProcess, sample, wait_for  # noqa: E402
 from helpers import free_port, results_table  # noqa: E402
-from test_forensics_hang import FLOOR_S, HANG_AT, HERE, STEP_S, short_floor_spec  # noqa: E402
+from test_forensics_hang import FLOOR_S, HANG_AT, HERE, STEP_S, short_floor_overrides  # noqa: E402
 
 
 def dump_cost(py_spy: str, pid: int, native: bool, n: int) -> dict:
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         side = None
         try:
             side = ServeProcess("--verl-log", str(log), "--run", "bench", "--rank", "0", "--trainer-pid",
-                                str(launcher.pid), "--spec", str(short_floor_spec(tmp_path)), "--forensics-dir",
-                                str(forensics), "--forensics-flight-recorder", str(fr / "fr_rank_"))
+                                str(launcher.pid), "--overrides", str(short_floor_overrides(tmp_path)),
+                                "--forensics-dir", str(forensics), "--forensics-flight-recorder", str(fr / "fr_rank_"))
             wait_for(lambda: sample(side.metrics(), "verl_training_step") == HANG_AT - 1, timeout=60)
             wait_for(lambda: list(forensics.glob("capture-*.json")), timeout=FLOOR_S + 30)
             [path] = forensics.glob("capture-*.json")

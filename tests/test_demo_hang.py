@@ -45,6 +45,16 @@ def test_compressed_stall_limits_are_the_same_condition_on_the_demos_clock():
             assert compressed[name].judge(View(limit / 100, pace)) is not None, (name, pace)
 
 
+@pytest.mark.parametrize("factor", [286.0, 1e5])
+def test_compressed_stall_limits_still_render(factor):
+    """Compressed limits lie off the knobs' ranges for users (a factor under 1, floors under a second): the
+    rules the demo's Prometheus runs still render, with the stall's test moved to them."""
+    from verl_exporter.render.rules import render_rules
+
+    rules = render_rules(demo_stack.compress_stalls(load_spec(), factor))
+    assert f"clamp_min({4 / factor!r} * verl_detector_window_max" in rules["rules/verl-alerts.yaml"]
+
+
 def test_without_py_spy_it_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(demo_stack, "find_py_spy", lambda: None)
     said: list[str] = []

@@ -148,25 +148,20 @@ def sidecar(**kw) -> Sidecar:
     return Sidecar(ServeConfig(listen="127.0.0.1:0", collectors={"gpu": False}, **kw))
 
 
-def test_liveness_fails_after_a_multiple_of_the_recent_step_time():
-    s = sidecar(hang_factor=5, hang_min_seconds=60)
-    for step in range(1, 6):
-        s.store.ingest(step, {"actor/lr": 1.0}, 1000.0 + 30 * step)  # a step every 30 s
-    assert s.store.recent_step_seconds() == 30
-    assert s.trainer_liveness(now=1150 + 100)[0]  # 100 s: under 5 x 30 s
-    alive, why = s.trainer_liveness(now=1150 + 151)
-    assert not alive and "no new step for 151 s (limit 150 s)" in why
-    assert sidecar(hang_factor=5, hang_min_seconds=600).trainer_liveness(now=10**9)[0]  # no steps: nothing to judge
-
-
-def test_liveness_floor_and_default_off():
-    s = sidecar(hang_factor=5, hang_min_seconds=600)
-    for step in range(1, 4):
-        s.store.ingest(step, {}, 1000.0 + step)  # 1 s steps: the floor decides
-    assert s.trainer_liveness(now=1003 + 599)[0] and not s.trainer_liveness(now=1003 + 601)[0]
+def test_liveness_is_the_critical_stall_alert_judged_on_the_store():
+    """--healthz-hang: /healthz fails while VerlTrainingStalled holds on this sidecar's store (its knobs, the
+    overrides file, the deprecated flags: tests/test_stall_knobs.py)."""
+    s = sidecar(healthz_hang=True)
+    [stalled] = s.hang_alerts
+    for step in range(1, 16):
+        s.store.ingest(step, {"timing_s/step": 30.0}, 1000.0 + 30 * step)  # a step every 30 s
+    limit = max(stalled.factor * 30, stalled.at_least)
+    assert s.trainer_liveness(now=1450 + limit)[0]
+    alive, why = s.trainer_liveness(now=1450 + limit + 1)
+    assert not alive and why == f"no new step for {limit + 1:.0f} s (limit {limit:.0f} s): {stalled.alert} holds"
     off = sidecar()
     off.store.ingest(1, {}, 0.0)
-    assert off.health()[0]  # --hang-factor 0: /healthz never judges the trainer
+    assert off.health()[0]  # not asked: /healthz never judges the trainer
 
 
 @pytest.mark.integration
@@ -174,9 +169,9 @@ def test_healthz_reports_a_hang_and_a_gone_trainer(tmp_path, serve):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     log = tmp_path / "verl.jsonl"
     log.write_text("".join(json.dumps({"step": s, "data": {}}) + "\n" for s in range(1, 3)))
-    os.utime(log, (time.time() - 3600, time.time() - 3600))  # an hour-old log: recovered steps are that old
-    side = serve("--verl-log", str(log), "--hang-factor", "5", "--hang-min-seconds", "1",
-                 "--trainer-pid", str(child.pid))
+    # an hour-old log: recovered steps are that old, past VerlTrainingStalled's limit before a baseline (30 min)
+    os.utime(log, (time.time() - 3600, time.time() - 3600))
+    side = serve("--verl-log", str(log), "--healthz-hang", "--trainer-pid", str(child.pid))
     wait_for(lambda: http_get(side.url + "/healthz")[0] == 503, timeout=10)
     body = json.loads(http_get(side.url + "/healthz")[2])
     assert "no new step" in body["trainer"]

@@ -3,18 +3,16 @@ all_reduce (it sits in a slow compute_score); a real `verl-exporter serve` follo
 which stops; the sidecar's own stall trigger captures real py-spy stacks of both ranks and names the odd one.
 
 The spec's stall floor (at_least: 300 s of VerlTrainingStalledRelative) would make the test wait five minutes,
-so the sidecar runs on a copy of the packaged spec with that one knob set to 3 s (--spec): the trigger is still
-the spec's declaration and its judge, only with a shorter floor. The ranks' Flight Recorder dumps are real too:
-torch 2.13 records gloo collectives (TORCH_FR_BUFFER_SIZE), and each rank writes its dump with torch's
-_dump_fr_trace_json from a thread (a rank hung in a collective releases the GIL).
+so the sidecar reads an overrides file that sets that one knob to 3 s (--overrides), as a team with short steps
+would: the trigger is still the spec's declaration and its judge, only with a shorter floor. The ranks' Flight
+Recorder dumps are real too: torch 2.13 records gloo collectives (TORCH_FR_BUFFER_SIZE), and each rank writes its
+dump with torch's _dump_fr_trace_json from a thread (a rank hung in a collective releases the GIL).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import re
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +20,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import verl_exporter.spec
 from conftest import http_get, sample, wait_for
 from helpers import free_port
 from test_control import TOKEN, post
@@ -38,18 +35,11 @@ HANG_AT = 15
 FLOOR_S = 3
 
 
-def short_floor_spec(tmp_path: Path) -> Path:
-    """The packaged spec with VerlTrainingStalledRelative's at_least lowered to FLOOR_S (nothing else changed)."""
-    spec = tmp_path / "spec"
-    shutil.copytree(Path(verl_exporter.spec.__file__).parent / verl_exporter.spec.DEFAULT_SPEC, spec)
-    training = spec / "10-training.yaml"
-    text = training.read_text()
-    block = text.index("- alert: VerlTrainingStalledRelative")
-    head, tail = text[:block], text[block:]
-    tail, n = re.subn(r"at_least: 300\b", f"at_least: {FLOOR_S}", tail, count=1)
-    assert n == 1
-    training.write_text(head + tail)
-    return spec
+def short_floor_overrides(tmp_path: Path) -> Path:
+    """An overrides file lowering VerlTrainingStalledRelative's floor (at_least) to FLOOR_S, nothing else."""
+    path = tmp_path / "verl-exporter.yaml"
+    path.write_text(f"alerts:\n  VerlTrainingStalledRelative: {{thresholds: {{at_least: {FLOOR_S}}}}}\n")
+    return path
 
 
 def test_a_gloo_hang_is_captured_with_real_stacks_and_the_odd_rank_named(tmp_path, serve):
@@ -64,7 +54,7 @@ def test_a_gloo_hang_is_captured_with_real_stacks_and_the_odd_rank_named(tmp_pat
                                  str(HANG_AT), str(STEP_S), str(fr)])
     try:
         side = serve("--verl-log", str(log), "--run", "hang", "--rank", "0", "--trainer-pid", str(launcher.pid),
-                     "--spec", str(short_floor_spec(tmp_path)), "--forensics-dir", str(forensics),
+                     "--overrides", str(short_floor_overrides(tmp_path)), "--forensics-dir", str(forensics),
                      "--no-forensics-native", "--forensics-flight-recorder", str(fr / "fr_rank_"), "--control-file",
                      str(tmp_path / "control.json"), "--control-token-env", "VERL_CTL", env={"VERL_CTL": TOKEN})
         wait_for(lambda: sample(side.metrics(), "verl_training_step") == HANG_AT - 1, timeout=40)

@@ -104,9 +104,10 @@ def test_knobs_print_as_the_rules_renderer_prints_them():
               123.456789012345, 0.0, 7, -0.35, 1000, 0.001, 99.99999999999]
     rng = random.Random(27)
     values += [round(rng.uniform(1, 10) * 10 ** rng.randint(-8, 14), rng.randint(0, 12)) for _ in range(100)]
-    snippet = f"local lib = import 'lib.libsonnet'; [[lib.fmt(x), lib.pct(x)] for x in {json.dumps(values)}]"
+    snippet = f"local lib = import 'lib.libsonnet'; [[lib.fmt(x), lib.pct(x), lib.min(x)] for x in " \
+              f"{json.dumps(values)}]"
     got = json.loads(_jsonnet.evaluate_snippet("test", snippet, jpathdir=[str(MIXIN)]))
-    assert got == [[fmt_knob(v), fmt_knob(round(v * 100, 10))] for v in values]
+    assert got == [[fmt_knob(v), fmt_knob(round(v * 100, 10)), fmt_knob(round(v / 60, 10))] for v in values]
 
 
 def test_an_unknown_knob_in_config_is_an_error():

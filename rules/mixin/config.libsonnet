@@ -8,8 +8,8 @@
     selector: "job=\"verl\"",
     runbook_url: "https://github.com/verl-exporter/verl-exporter/blob/main/docs/reference/alerts.md",
     alerts: {
-      VerlTrainingStalled: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {}},
-      VerlTrainingStalledRelative: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {}},
+      VerlTrainingStalled: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {"factor": 4.0, "at_least": 600.0, "before_baseline": 1800.0}},
+      VerlTrainingStalledRelative: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"factor": 3.0, "at_least": 300.0}},
       VerlNonFiniteLoss: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {}},
       VerlEntropyCollapse: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"k": 4.0, "change": 0.4}},
       VerlEntropyBlowUp: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"ratio": 2.5, "k": 5.0, "change": 0.5, "nats": 5.0}},

@@ -27,7 +27,7 @@ TEXTS = ("expr", "summary", "description", "runbook_url")
 MAX_ZERO_KNOBS = 2  # cases per alert are 2 ** this
 
 LIB = HEADER + """// What every template shares: the knobs as the rules renderer prints them (fmt_knob: up to 12
-// significant digits, never an exponent; <knob|pct> as a percentage).
+// significant digits, never an exponent; <knob|pct> as a percentage, <knob|min> seconds as minutes).
 {
   // C's %.12g, by hand: jsonnet's own %g keeps one digit less below 1. Scaled by 10^(11-e) every value is
   // under 2^53, so %f prints its digits exactly.
@@ -42,10 +42,12 @@ LIB = HEADER + """// What every template shares: the knobs as the rules renderer
       else std.rstripChars(std.rstripChars(('%.' + digits + 'f') % a, '0'), '.');
     (if x < 0 then '-' else '') + text,
   pct(x):: self.fmt(std.round(x * 100 * 1e10) / 1e10),
+  min(x):: self.fmt(std.round(x / 60 * 1e10) / 1e10),
 
   values(c, t):: { selector: c.selector, runbook_url: c.runbook_url }
                  + { ['knob.' + k]: $.fmt(t[k]) for k in std.objectFields(t) }
-                 + { ['pct.' + k]: $.pct(t[k]) for k in std.objectFields(t) },
+                 + { ['pct.' + k]: $.pct(t[k]) for k in std.objectFields(t) }
+                 + { ['min.' + k]: $.min(t[k]) for k in std.objectFields(t) },
 
   rule(c, a)::
     local o = c.alerts[a.alert];
@@ -102,6 +104,7 @@ def _knob_strings(values: dict[str, float]) -> dict[str, str]:
     for k, v in values.items():
         out[f"knob.{k}"] = fmt_knob(v)
         out[f"pct.{k}"] = fmt_knob(round(v * 100, 10))
+        out[f"min.{k}"] = fmt_knob(round(v / 60, 10))
     return out
 
 

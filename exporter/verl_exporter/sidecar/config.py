@@ -147,11 +147,18 @@ class ServeConfig(StrictModel):
     rollout_engine: Engine = Field("vllm", description="those servers' engine (verl's "
                                                                       "actor_rollout_ref.rollout.name)",
         json_schema_extra={"x-group": LIVENESS, "x-metavar": "|".join(SCRAPED_FROM)})
-    hang_factor: float = Field(0.0, ge=0, le=1000, description="/healthz fails when no step came for this many "
-                                                               "times the recent step time; 0 = off",
+    healthz_hang: bool = Field(False, description="/healthz also fails while the trainer is hung: while the spec's "
+                                                  "critical stall alert (VerlTrainingStalled, its knobs as the "
+                                                  "overrides file sets them) holds on this sidecar's store",
+        json_schema_extra={"x-group": LIVENESS})
+    # Deprecated: the knobs of that alert, which an overrides file sets for the rules too (sidecar.hang_flags).
+    hang_factor: float | None = Field(None, ge=0, le=1000, description="deprecated: the stall alert's factor "
+                                                                       "(overrides: thresholds.factor); K > 0 also "
+                                                                       "sets --healthz-hang, 0 changes nothing",
         json_schema_extra={"x-metavar": "K", "x-group": LIVENESS})
-    hang_min_seconds: float = Field(600.0, ge=0, le=86400 * 7,
-                                    description="never call the trainer hung before this many seconds",
+    hang_min_seconds: float | None = Field(None, ge=0, le=86400 * 7,
+                                           description="deprecated: the stall alert's floor in seconds "
+                                                       "(overrides: thresholds.at_least)",
         json_schema_extra={"x-group": LIVENESS})
     control_token_env: str | None = Field(None, description="enable the control endpoint, with the bearer token "
                                                             "in this environment variable",

@@ -49,6 +49,7 @@ from .collectors.gpu_processes import looks_like_ray_worker
 
 if TYPE_CHECKING:
     from ..spec import Spec
+    from ..spec.kinds import Alert
     from .store import TrainingStore
 
 FORENSICS_CAPTURES = SelfMetric("verl_exporter_forensics_captures_total")
@@ -343,6 +344,14 @@ def _describe(proc: psutil.Process | _Gone) -> dict[str, Any]:
     return {"rank": _rank_of(proc), "cmdline": cmdline}
 
 
+def hang_alerts(spec: Spec) -> list[Alert]:
+    """The alerts that call the trainer hung: the critical ones judged between steps (VerlTrainingStalled), with
+    their knobs as the overrides file sets them. They page, the breaker's tick trips on them, and /healthz fails
+    while one holds (--healthz-hang). The forensics trigger judges every alert judged between steps, the
+    warning too: the stacks are freshest before the page."""
+    return [a for a in spec.alerts() if a.judged_between_steps and a.severity == "critical"]
+
+
 class StallWatch:
     """Judges the spec's between-steps alerts (stalls) on the store every ``interval`` s; captures once per
     stall, at the first alert whose condition holds (before its ``for``: the evidence is freshest then)."""
@@ -358,26 +367,14 @@ class StallWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="verl-forensics", daemon=True)
 
-    # the StepView (spec/kinds/base.py) of the store
-    @property
-    def last_step_at(self) -> float | None:
-        return self._store.step_time
-
-    def value(self, metric: str, labels: dict[str, str]) -> float | None:
-        return None  # a stall reads no value
-
-    def stat(self, signal: str, stat: str) -> float | None:
-        d = self._store.detectors.by_name.get(signal)
-        return None if d is None else d.stats.get(stat)
-
     def check(self, now: float | None = None) -> dict[str, Any] | None:
         """Capture if a stall alert holds now and this stall has no capture yet; returns the capture."""
-        self.now = self._clock() if now is None else now
-        step_at = self.last_step_at
+        view = self._store.view(self._clock() if now is None else now)
+        step_at = view.last_step_at
         if step_at is None or step_at == self._captured_for:
             return None
         for alert in self.alerts:
-            value = alert.judge(self)
+            value = alert.judge(view)
             if value is not None:
                 self._captured_for = step_at
                 return self._forensics.capture("stall", f"{alert.alert}: no step for {value:.0f} s",

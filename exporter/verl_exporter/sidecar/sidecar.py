@@ -14,15 +14,16 @@ from prometheus_client.process_collector import ProcessCollector
 from ..exposition.app import HttpServer, SafeCollector, health_handler, make_app
 from ..exposition.selfmetrics import SelfMetric, SelfMetrics
 from ..spec import Spec
-from ..spec.overrides import load_effective_spec
+from ..spec.kinds.stall import StallAlert
+from ..spec.overrides import AlertOverride, LoadedOverrides, Overrides, apply_overrides, load_effective_spec
 from .collectors import Context
 from .collectors.sampler import Sampler, build_collectors
-from .config import ServeConfig
+from .config import ServeConfig, flag_name
 from .control import PATH_PREFIX as CONTROL_PATH
 from .control import ControlState, default_control_file, make_control_app, parse_file_mode, read_token
 from .engines_sd import EnginesSd
 from .file_sd import FileSdRegistration, advertise_host
-from .forensics import Forensics, ForensicsSettings, StallWatch
+from .forensics import Forensics, ForensicsSettings, StallWatch, hang_alerts
 from .progress import Progress
 from .sources.verl_file import VerlFileFollower
 from .store import TrainingStore
@@ -39,7 +40,11 @@ class Sidecar:
     def __init__(self, config: ServeConfig, spec: Spec | None = None, before_scrape: Callable[[], object] | None = None,
                  control_token: str | None = None, control_file: str | None = None):
         self.config = config
-        self.spec = spec or load_effective_spec(config.spec, config.overrides)
+        self.spec = hang_flags(spec or load_effective_spec(config.spec, config.overrides), config)
+        self.hang_alerts = hang_alerts(self.spec)
+        if (config.healthz_hang or config.hang_factor) and not self.hang_alerts:
+            log.warning("--healthz-hang: the spec has no critical stall alert (disabled by the overrides?); "
+                        "/healthz judges no hang")
         labels = config.const_labels(self.spec.target_labels)
         self.self_metrics = SelfMetrics(self.spec, labels)
         self.store = TrainingStore(self.spec, self.self_metrics, labels, max_unmapped=config.max_unmapped)
@@ -86,8 +91,15 @@ class Sidecar:
     def context(self) -> Context:
         return Context(spec=self.spec, self_metrics=self.self_metrics, config=self.config, environ=dict(os.environ))
 
+    @property
+    def judges_trainer(self) -> bool:
+        """Does /healthz judge the trainer (--trainer-pid, --healthz-hang or the deprecated --hang-factor K)?"""
+        c = self.config
+        return c.trainer_pid is not None or c.healthz_hang or bool(c.hang_factor)
+
     def trainer_liveness(self, now: float | None = None) -> tuple[bool, str]:
-        """Is the watched trainer alive and stepping? Only judged when asked (--hang-factor, --trainer-pid)."""
+        """Is the watched trainer alive and stepping? Its pid with --trainer-pid; with --healthz-hang, not hung:
+        no critical stall alert (hang_alerts) holds on this store, judged as the breaker and the rules judge it."""
         c = self.config
         if c.trainer_pid is not None:
             try:
@@ -96,13 +108,16 @@ class Sidecar:
                 return False, f"trainer pid {c.trainer_pid} is gone"
             except PermissionError:
                 pass  # exists, owned by someone else
-        if c.hang_factor > 0 and self.store.step_time is not None:
-            now = time.time() if now is None else now
-            recent = self.store.recent_step_seconds()
-            limit = max(c.hang_min_seconds, c.hang_factor * recent) if recent else c.hang_min_seconds
-            age = now - self.store.step_time
-            if age > limit:
-                return False, f"no new step for {age:.0f} s (limit {limit:.0f} s)"
+        if c.healthz_hang or c.hang_factor:
+            view = self.store.view(time.time() if now is None else now)
+            for alert in self.hang_alerts:
+                age = alert.judge(view)
+                if age is None:
+                    continue
+                why = f"no new step for {age:.0f} s"
+                if isinstance(alert, StallAlert):
+                    why += f" (limit {alert.limit(view.stat(alert.signal, alert.stat)) or 0:.0f} s)"
+                return False, f"{why}: {alert.alert} holds"
         return True, "ok"
 
     def sidecar_health(self) -> tuple[bool, dict[str, Any]]:
@@ -110,7 +125,7 @@ class Sidecar:
         return self._health(check_trainer=False)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """/healthz: the sidecar, and the trainer's liveness when --hang-factor / --trainer-pid ask for it."""
+        """/healthz: the sidecar, and the trainer's liveness when --healthz-hang / --trainer-pid ask for it."""
         return self._health(check_trainer=True)
 
     def _health(self, check_trainer: bool) -> tuple[bool, dict[str, Any]]:
@@ -124,7 +139,7 @@ class Sidecar:
                                    "pid": os.getpid()}
         if self.forensics is not None:
             details["forensics"] = {"dir": self.config.forensics_dir, "last_capture": self.forensics.last}
-        if check_trainer and (self.config.hang_factor > 0 or self.config.trainer_pid is not None):
+        if check_trainer and self.judges_trainer:
             alive, why = self.trainer_liveness()
             details["trainer"] = why
             healthy = healthy and alive
@@ -188,6 +203,25 @@ class Sidecar:
         self.sampler.stop()
         if self.server:
             self.server.stop()
+
+
+def hang_flags(spec: Spec, config: ServeConfig) -> Spec:
+    """The spec with the deprecated --hang-factor / --hang-min-seconds set as the hang alerts' knobs (factor,
+    at_least), as an overrides file would set them (and checked alike): /healthz and the forensics trigger judge
+    that one declaration. A flag moves only this sidecar's judges, not Prometheus' rules: the deprecation line
+    names the overrides key that moves both."""
+    settings = {"factor": "hang_factor", "at_least": "hang_min_seconds"}  # knob: its deprecated setting
+    given = {knob: value for knob, field in settings.items()
+             if (value := getattr(config, field)) is not None and (value or knob != "factor")}  # factor 0 was off
+    if not given:
+        return spec
+    names = [a.alert for a in hang_alerts(spec)]
+    flags = " and ".join(flag_name(settings[knob]) for knob in given)
+    keys = " and ".join(f"alerts.{name}.thresholds.{knob}" for name in names for knob in given)
+    log.warning("%s %s deprecated: set %s in the overrides file (the rules follow it too) and --healthz-hang",
+                flags, "is" if len(given) == 1 else "are", keys or "the critical stall alert's knobs")
+    doc = Overrides(alerts={name: AlertOverride(thresholds=given) for name in names})
+    return apply_overrides(spec, LoadedOverrides(doc, origin=flags))
 
 
 class _BeforeScrape:

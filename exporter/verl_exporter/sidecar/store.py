@@ -262,6 +262,10 @@ class TrainingStore:
     def step_time(self) -> float | None:
         return self._step_time
 
+    def view(self, now: float) -> StoreView:
+        """The store as the stall alerts judge it at ``now`` (a StepView)."""
+        return StoreView(self, now)
+
     def recent_step_seconds(self) -> float | None:
         """Median time between recent new steps (None until two were seen live)."""
         with self._lock:
@@ -318,3 +322,24 @@ class TrainingStore:
 
     def render(self, openmetrics: bool = False) -> str:
         return self._renderer.render(self.series(), openmetrics)
+
+
+class StoreView:
+    """The StepView (spec/kinds/base.py) of a sidecar's store at one moment: the last step's time and the
+    step-domain signals' statistics as verl_detector_* export them. What the sidecar's judges of the stall
+    alerts read between steps: the forensics trigger and /healthz (sidecar/forensics.py)."""
+
+    def __init__(self, store: TrainingStore, now: float):
+        self._store = store
+        self.now = now
+
+    @property
+    def last_step_at(self) -> float | None:
+        return self._store.step_time
+
+    def value(self, metric: str, labels: dict[str, str]) -> float | None:
+        return None  # a stall reads no value
+
+    def stat(self, signal: str, stat: str) -> float | None:
+        d = self._store.detectors.by_name.get(signal)
+        return None if d is None else d.stats.get(stat)

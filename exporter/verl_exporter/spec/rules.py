@@ -10,9 +10,9 @@ Placeholders in PromQL written in the spec:
   <name>    a named threshold (``params:``), a knob an overrides file may change
 
 Every alert has knobs (``alert.knobs()``, each a ``Param``). Its summary, description and runbook may quote
-them as ``<name>`` (the number) or ``<name|pct>`` (a percentage), and an alert's own test may compute its
-input values from them (``<expression>``: numbers, knob names, + - * /, min(), max()), so that the rules, their
-tests and their texts follow an overridden knob.
+them as ``<name>`` (the number), ``<name|pct>`` (a percentage) or ``<name|min>`` (seconds as minutes), and an
+alert's own test may compute its input values from them (``<expression>``: numbers, knob names, + - * /, min(),
+max()), so that the rules, their tests and their texts follow an overridden knob.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ TEMPLATE_RE = re.compile(r"\{\{\s*(\$value\s*\|\s*printf\s+\"%\.\d+[gf]\"|\$labe
 PARAM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 RESERVED_PLACEHOLDERS = ("metric", "sel")
 EXPR_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)>")
-TEXT_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)(\|pct)?>")
+TEXT_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)(\|pct|\|min)?>")
 TEST_EXPR_RE = re.compile(r"<([^<>]+)>")
 
 
@@ -146,6 +146,8 @@ def render_text(text: str, values: dict[str, float]) -> str:
         if m.group(1) not in values:
             return m.group(0)
         v = values[m.group(1)]
+        if m.group(2) == "|min":
+            return fmt_knob(round(v / 60, 10))
         return f"{fmt_knob(round(v * 100, 10))}%" if m.group(2) else fmt_knob(v)
 
     return TEXT_PLACEHOLDER_RE.sub(one, text)

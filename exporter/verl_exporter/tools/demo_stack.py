@@ -48,6 +48,7 @@ import yaml
 from ..core.shutdown import stop_process, stopping
 from ..relay.actions import EVIDENCE_ALERT
 from ..sidecar.forensics import find_py_spy
+from ..spec import Spec
 from .demo import _nonfinite_steps, demo_lines, run_demo
 
 INSTALL_HINT = "sudo apt-get update && sudo apt-get install -y prometheus prometheus-alertmanager"
@@ -422,7 +423,7 @@ class FullDemo:
         """The demo run's lines and what the compression of time derives from them; the work folder."""
         from ..spec import load_spec
 
-        self.spec = load_spec()
+        self.spec = self.declared = load_spec()
         self.raw_lines = demo_lines()
         self.lines = [json.loads(x) for x in self.raw_lines]
         self.bad_steps = _nonfinite_steps(self.raw_lines)
@@ -486,11 +487,18 @@ class FullDemo:
     def _generate_pack(self) -> None:
         """The pack, generated as `verl-exporter generate --relay-url <the relay>` writes it, its times compressed."""
         from .. import render
+        from ..render.rules import render_rules
 
         work = self.workdir
         pack = self.pack = work / "pack"
-        spec = self.spec.model_copy(update={"rules": self.spec.rules.model_copy(update={"relay_url": self.relay.url})})
-        render.generate(spec, pack)
+
+        def relayed(spec: Spec) -> Spec:
+            return spec.model_copy(update={"rules": spec.rules.model_copy(update={"relay_url": self.relay.url})})
+
+        render.generate(relayed(self.declared), pack)
+        if self.spec is not self.declared:  # --hang: the rules Prometheus runs have the stall limits compressed
+            for rel, text in render_rules(relayed(self.spec)).items():  # (their texts keep the real clock's)
+                (pack / rel).write_text(text, encoding="utf-8")
         alerts_yaml, self.fors = compress_for((pack / "rules/verl-alerts.yaml").read_text(), self.factor)
         self.demo_rules = work / "demo-verl-alerts.yaml"
         self.demo_rules.write_text(alerts_yaml)

@@ -89,6 +89,7 @@ class AlertBase(StrictModel):
     _metric: str = PrivateAttr(CROSS_METRIC)  # the spec entry it is declared on (set by the entry)
     _written: dict[str, str] = PrivateAttr(default_factory=dict)  # texts as written, with <knob> placeholders
     _base_for: str = PrivateAttr("0m")  # the `for` the spec gives (an explicit test is timed for it)
+    _base_knobs: dict[str, float] = PrivateAttr(default_factory=dict)  # the knobs the spec gives (likewise)
 
     # ------------------------------------------------------------------ what each kind fills in
     def knobs(self) -> dict[str, Param]:
@@ -147,6 +148,10 @@ class AlertBase(StrictModel):
     @property
     def base_for(self) -> str:
         return self._base_for
+
+    @property
+    def base_knobs(self) -> dict[str, float]:
+        return dict(self._base_knobs)
 
     def knob_values(self) -> dict[str, float]:
         return {name: p.value for name, p in self.knobs().items()}
@@ -214,6 +219,7 @@ class AlertBase(StrictModel):
         self._written = {"summary": self.summary, "description": self.description,
                          **{f"runbook.{k}": v for k, v in self.runbook.items()}}
         self._base_for = self.for_
+        self._base_knobs = self.knob_values()
         self._render()
         return self
 

@@ -109,7 +109,7 @@ def group(spec: Spec, alert: AlertBase, input_series: list[dict[str, str]], sile
     }
 
 
-def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any]) -> dict[str, Any]:
+def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any], later: int = 0) -> dict[str, Any]:
     """An alert that brings its own test: input series, silent_at, fire_at, the labels and $value expected.
 
     Input values and the expected value may be computed from the alert's knobs (<expression>), so the test
@@ -118,10 +118,12 @@ def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any]) -> dict[str, 
     much later, the input's state at fire_at held for the extra minutes (a ramp keeps its step, a counter
     keeps counting) and $value moved by the test's value_slope (per minute, default 0). A `for` longer than
     the baseline an expression compares with makes the alert unable to fire; its test then fails, saying so.
+    ``later``: minutes the kind's knobs move the condition's onset on these series (a stall's limits), moved
+    alike.
     """
     knobs = alert.knob_values()
     silent_at, fire_at = _minutes(t["silent_at"]), _minutes(t["fire_at"])
-    delta = (duration_seconds(alert.for_) - duration_seconds(alert.base_for)) // 60
+    delta = (duration_seconds(alert.for_) - duration_seconds(alert.base_for)) // 60 + later
     # The spec's tests are written for job="verl"; a series of a target gets the selector's labels instead.
     sel = selector_labels(spec.rules.selector)
     input_series: list[dict[str, str]] = []
@@ -153,16 +155,24 @@ def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any]) -> dict[str, 
 _SERIES_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$')
 
 
-def _retarget(text: str, sel: dict[str, str]) -> str:
-    """A test series of a scraped target (it has a job label) with the selector's labels."""
+def parse_series(text: str) -> tuple[str, dict[str, str]] | None:
+    """A test series' name and labels ('name{a="1"}'), None for another notation."""
     m = _SERIES_RE.match(text.strip())
     if not m:
+        return None
+    return m.group(1), dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"', m.group(2)))
+
+
+def _retarget(text: str, sel: dict[str, str]) -> str:
+    """A test series of a scraped target (it has a job label) with the selector's labels."""
+    parsed = parse_series(text)
+    if parsed is None:
         return text
-    labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"', m.group(2)))
+    name, labels = parsed
     if "job" not in labels:
         return text
     labels.update({k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in sel.items()})
-    return m.group(1) + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
 _TOKEN_RE = re.compile(r"^(_|stale|[-+]?[0-9.]+(?:[eE][-+]?\d+)?|[-+]?Inf|NaN)(?:([+-])([0-9.]+(?:[eE][-+]?\d+)?))?"

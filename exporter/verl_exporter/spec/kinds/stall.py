@@ -2,22 +2,39 @@
 the step_time signal), with a floor; optionally a fixed limit while the signal has no baseline yet.
 
 Judged by the breaker between steps too: a hung trainer logs nothing, so the breaker's ticks carry the time.
+The sidecar judges the same declaration on its own store: its forensics trigger (every stall alert) and, with
+``--healthz-hang``, ``/healthz`` (the critical ones: sidecar/forensics.py ``hang_alerts``). The three limits
+are knobs, so an overrides file moves the rule, its test, the breaker, the trigger and ``/healthz`` at once.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from ...core.detect import Stat
-from ..rules import Number
+from ..rules import Number, Param, fill_test_text
 from . import promtool
 from .base import AlertBase, StepView, WithTest, register
 from .promql import JOIN, num, vector
 
 if TYPE_CHECKING:
     from .. import Spec
+
+# The knobs' ranges: a limit under the step time itself would call every healthy step a stall, and a floor
+# of zero is no floor (seconds: one is the least that means one).
+MIN_FACTOR = 1.0
+MIN_SECONDS = 1.0
+KNOBS = ("factor", "at_least", "before_baseline")
+
+
+def _knob(value: float, minimum: float) -> Param:
+    """A limit as a knob with its range (an overrides file is held to it). Its value is echoed unchecked: the
+    spec's keys were checked against the same bound when it was read, and a copy made off it on purpose (the
+    demo's compressed clock, tools/demo_stack.py compress_stalls) must still render."""
+    return Param.model_construct(value=float(value), op=">", min=minimum)
 
 
 @register
@@ -26,22 +43,84 @@ class StallAlert(WithTest, AlertBase):
     on_entry = True
     signal: str = Field(description="the step-time signal (detect:) whose statistic is the run's pace")
     stat: Stat = Field(description="window_max (the longest recent step) or level (the usual one)")
-    factor: Number = Field(gt=0, description="how many times that statistic the run may go without a step")
-    at_least: Number = Field(gt=0, description="seconds: the limit's floor")
-    before_baseline: Number | None = Field(None, gt=0, description="seconds: the limit while the signal has "
-                                                                    "no baseline yet (none: no alert then)")
+    factor: Number = Field(ge=MIN_FACTOR, description="how many times that statistic the run may go without a step")
+    at_least: Number = Field(ge=MIN_SECONDS, description="seconds: the limit's floor")
+    before_baseline: Number | None = Field(None, ge=MIN_SECONDS,
+                                           description="seconds: the limit while the signal has no baseline yet "
+                                                       "(none: no alert then)")
     explicit_test = True
 
+    def knobs(self) -> dict[str, Param]:
+        out = {"factor": _knob(self.factor, MIN_FACTOR), "at_least": _knob(self.at_least, MIN_SECONDS)}
+        if self.before_baseline is not None:  # none is no clause, not a number to move
+            out["before_baseline"] = _knob(self.before_baseline, MIN_SECONDS)
+        return out
+
+    def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if k in KNOBS}
+
+    def limit(self, pace: float | None) -> float | None:
+        """Seconds without a step after which the condition holds, at a pace (None: no baseline yet)."""
+        return self.before_baseline if pace is None else max(self.factor * pace, self.at_least)
+
+    def _age(self, sel: str) -> str:
+        return f"time() - {vector(self.metric, sel)}"
+
+    def _pace(self, sel: str) -> str:
+        return vector(f"verl_detector_{self.stat}", f'signal="{self.signal}"', sel)
+
     def promql(self, sel: str) -> str:
-        age = f"time() - {vector(self.metric, sel)}"
-        pace = vector(f"verl_detector_{self.stat}", f'signal="{self.signal}"', sel)
+        age, pace = self._age(sel), self._pace(sel)
         late = f"{age} > {JOIN} clamp_min({num(self.factor)} * {pace}, {num(self.at_least)})"
         if self.before_baseline is None:
             return late
         return f"({age} > {num(self.before_baseline)} unless {JOIN} {pace}) or ({late})"
 
+    def quantities(self, sel: str) -> dict[str, tuple[str, str]]:
+        age, pace = self._age(sel), self._pace(sel)
+        out = {"factor": (f"({age}) / {JOIN} {pace} and ({age} > {num(self.at_least)})",
+                          f"seconds without a step over the step time's {self.stat}, past the floor"),
+               "at_least": (f"{age} > {JOIN} {num(self.factor)} * {pace}",
+                            f"seconds without a step, past {num(self.factor)} x the step time's {self.stat}")}
+        if self.before_baseline is not None:
+            out["before_baseline"] = (f"{age} unless {JOIN} {pace}",
+                                      "seconds without a step before the step time has a baseline")
+        return out
+
     def test_case(self, spec: Spec) -> dict[str, Any]:
-        return promtool.explicit_case(spec, self, self.test or {})  # a test is required (_common)
+        """The spec's test (required: _common), written for the spec's knobs; other knobs move it by the minutes
+        they move the stall's onset on its input series, as a longer `for` moves it."""
+        t = self.test or {}
+        return promtool.explicit_case(spec, self, t, later=self._onset(t, self) - self._onset(t, self.declared()))
+
+    def declared(self) -> StallAlert:
+        """The alert with the spec's knobs (an overridden one keeps them: base_knobs)."""
+        out = self.with_knobs(self.base_knobs)
+        assert isinstance(out, StallAlert)
+        return out
+
+    def _onset(self, t: dict[str, Any], alert: StallAlert) -> int:
+        """The first minute of the test at which the alert's condition holds, the input's last samples held."""
+        stamps: list[tuple[float | None, float]] = []
+        paces: list[tuple[float | None, float]] = []
+        for s in t.get("input") or []:
+            name, labels = promtool.parse_series(str(s["series"])) or ("", {})
+            values = promtool.expand_series(fill_test_text(str(s["values"]), alert.knob_values()))
+            if name == self.metric:
+                stamps = values
+            elif name == f"verl_detector_{self.stat}" and labels.get("signal") == self.signal:
+                paces = values
+        if not stamps:
+            raise ValueError(f"{self.alert}: its test has no {self.metric} series")
+        limits = [alert.limit(p) for p in {None, *(p for p, _ in paces)}]
+        longest = max(x for x in limits if x is not None) if any(x is not None for x in limits) else 0.0
+        for minute in range(len(stamps) + math.ceil(longest / 60) + 2):
+            stamp = stamps[min(minute, len(stamps) - 1)][0]
+            pace = paces[min(minute, len(paces) - 1)][0] if paces else None
+            limit = alert.limit(pace)
+            if stamp is not None and limit is not None and minute * 60 - stamp > limit:
+                return minute
+        raise ValueError(f"{self.alert}: its test's input never stalls past the limit")
 
     def signals(self) -> tuple[str, ...]:
         return (self.signal,)
@@ -55,6 +134,5 @@ class StallAlert(WithTest, AlertBase):
         if view.last_step_at is None:
             return None
         age = view.now - view.last_step_at
-        pace = view.stat(self.signal, self.stat)
-        limit = self.before_baseline if pace is None else max(self.factor * pace, self.at_least)
+        limit = self.limit(view.stat(self.signal, self.stat))
         return age if limit is not None and age > limit else None
