@@ -23,9 +23,11 @@ NAN_ALERT = "VerlNonFiniteGradNorm"
 
 
 def run_demo(*args: str, env: dict | None = None, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
+    """The demo's output at the width docs/demo.md was cut at: it wraps to the terminal's columns (COLUMNS), and a
+    runner that sets them (pytest-xdist's workers, a narrow CI log) would wrap the excerpt's lines elsewhere."""
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", "demo", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, "COLUMNS": "110", **(env or {})})
     return proc, time.monotonic() - started
 
 
