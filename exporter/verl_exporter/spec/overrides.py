@@ -160,7 +160,7 @@ def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     if len(path) == 4 and path[2] == "thresholds" and isinstance(err["input"], (list, dict)):
         return f"a threshold is one number, got {type(err['input']).__name__} (a set of codes goes under codes:)"
     if len(path) == 2 and path[0] == "codes":
-        if err["type"] == "list_type":
+        if err["type"] == "tuple_type":
             return f"a code set is a list of integer codes like [48, 79], got {err['input']!r}"
         if err["type"] == "too_short":
             return "a code set holds at least one code (to page on none, disable the alerts that read it)"

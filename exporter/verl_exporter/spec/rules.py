@@ -25,7 +25,7 @@ import ast
 import functools
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
@@ -125,18 +125,17 @@ class Notice(StrictModel):
 
 
 # ---------------------------------------------------------------------------------------------- knobs
-def _distinct(codes: list[int]) -> tuple[int, ...]:
+def _distinct(codes: tuple[int, ...]) -> tuple[int, ...]:
     twice = sorted({c for c in codes if codes.count(c) > 1})
     if twice:
         raise ValueError(f"{', '.join(map(str, twice))} listed twice")
-    return tuple(codes)
+    return codes
 
 
-# A set of codes as a file writes it: a list of distinct non-negative integers, at least one.
-if TYPE_CHECKING:
-    Codes: TypeAlias = tuple[int, ...]
-else:
-    Codes = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1), AfterValidator(_distinct)]
+# A set of codes as a file writes it: a list of distinct non-negative integers, at least one (held as a tuple,
+# which strict validation takes only as one: the file's list is made one first).
+Codes = Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(min_length=1), AfterValidator(_distinct),
+                  BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
 CODES_UNIT = "codes"  # the unit a code set's knob is shown with
 
 
