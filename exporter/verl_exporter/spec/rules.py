@@ -13,10 +13,10 @@ Placeholders in PromQL written in the spec:
 
 Every alert has knobs (``alert.knobs()``, each a ``Param`` with its unit and one line of meaning: a kind makes
 them from its keys, declared with ``kinds.base.knob_field``; an expr or condition alert writes them under
-``params:``). Its summary, description and runbook may quote
-them as ``<name>`` (the number) or ``<name|pct>`` (a percentage), and an alert's own test may compute its
-input values from them (``<expression>``: numbers, knob names, + - * /, min(), max()), so that the rules, their
-tests and their texts follow an overridden knob.
+``params:``). Every number that decides whether an alert fires is one (tests/test_knobs.py walks them). Its
+summary, description and runbook may quote them as ``<name>`` (the number) or ``<name|pct>`` (a percentage),
+and an alert's own test may compute its input values from them (``<expression>``: numbers, knob names,
++ - * /, min(), max()), so that the rules, their tests and their texts follow an overridden knob.
 """
 
 from __future__ import annotations
@@ -167,9 +167,10 @@ def fill_test_codes(text: str, codes: Mapping[str, tuple[int, ...]]) -> str:
 
 
 class Param(StrictModel):
-    """One knob of an alert: its value, and on which side of it the alert fires (op: the watched quantity
-    {op} value fires, so raising a ">" knob or lowering a "<" one loosens the alert). Written under an expr or
-    condition alert's ``params:``; the other kinds make theirs from their own keys (``knobs()``)."""
+    """One knob of an alert: its value, on which side of it the alert fires (op: the watched quantity {op}
+    value fires, so raising a ">" knob or lowering a "<" one loosens the alert), its unit and one line of
+    meaning. Written under an expr or condition alert's ``params:``; the other kinds make theirs from their own
+    keys (``knobs()``, from the keys' knob_field declarations)."""
 
     value: float
     op: Op = Field(">", description="the watched quantity {op} value fires")
