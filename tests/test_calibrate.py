@@ -162,3 +162,16 @@ def test_calibrate_keeps_the_base_overrides_and_refuses_to_overwrite(spec, runs,
     assert main([*argv, "--force", "--out", "-"]) == 0
     assert "clip_ratio: 0.32" in capsys.readouterr().out
     assert main(["calibrate", str(tmp_path / "missing.jsonl"), "--out", "-", "--no-verify"]) == 2
+
+
+def test_the_proposal_keeps_every_section_of_the_base_overrides(tmp_path):
+    """A base file's code sets and preflight knobs are in the proposal as they were (not only global and
+    alerts): the proposed file replaces the base."""
+    base = tmp_path / "base.yaml"
+    base.write_text("global:\n  selector: 'job=\"verl-agent\"'\nalerts:\n  VerlGradNormSpike: {severity: info}\n"
+                    "codes:\n  critical_xids: [79, 48]\npreflight:\n  saves_ahead: 3\n")
+    loaded = load_overrides(base)
+    result = cb.Calibration(runs=[], margin=0.2, knobs=[], base=loaded)
+    proposal = yaml.safe_load(cb.render_overrides(result))
+    assert proposal == {**yaml.safe_load(base.read_text()), "version": 1}
+    assert load_overrides(base).model == cb.parse_overrides(proposal).model

@@ -62,8 +62,8 @@ def test_default_config_gives_the_generated_rules_and_dashboards():
 
 
 def test_every_knob_set_in_config_changes_the_rules_as_the_overrides_file_does(tmp_path):
-    """Every threshold of every alert moved, a few for/severity/labels/enabled and the selector set, both
-    ways: the mixin's _config and an overrides file given to the generator."""
+    """Every threshold of every alert and every code set moved, a few for/severity/labels/enabled and the
+    selector set, both ways: the mixin's _config and an overrides file given to the generator."""
     alerts = SPEC.alerts()
     overrides: dict = {"global": {"selector": 'job="verl-agent", cluster=~"a|b"',
                                   "runbook_url": "https://wiki.example/verl"}, "alerts": {}}
@@ -75,8 +75,9 @@ def test_every_knob_set_in_config_changes_the_rules_as_the_overrides_file_does(t
     overrides["alerts"].setdefault(alerts[1].alert, {})["severity"] = "info"
     overrides["alerts"].setdefault(alerts[2].alert, {})["labels"] = {"team": "agent", "extra": "x"}
     overrides["alerts"].setdefault(alerts[3].alert, {})["enabled"] = False
+    overrides["codes"] = {name: [c + 1 for c in codes] for name, codes in SPEC.code_values().items()}
     config = {"selector": overrides["global"]["selector"], "runbook_url": overrides["global"]["runbook_url"],
-              "alerts": overrides["alerts"]}
+              "alerts": overrides["alerts"], "codes": overrides["codes"]}
 
     want_alerts, want_rules = generated(apply_overrides(SPEC, overrides))
     out = evaluate(config)

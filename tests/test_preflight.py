@@ -134,10 +134,15 @@ def test_a_recent_critical_xid_in_the_kernel_log_fails_an_old_one_or_a_harmless_
 
 
 def test_the_critical_xid_codes_are_the_alerts_not_a_copy():
-    from verl_exporter.tools.preflight.gpus import XID_ALERT, matchers
+    from verl_exporter.spec.overrides import apply_overrides
+    from verl_exporter.tools.preflight.gpus import XID_ALERT, critical_xids
 
-    metric, want = matchers(SPEC, XID_ALERT)
-    assert metric == "verl_gpu_xid_errors_total" and {"48", "79", "119"} <= want["xid"] and "13" not in want["xid"]
+    codes = critical_xids(SPEC)
+    assert {"48", "79", "119"} <= codes and "13" not in codes
+    alert = next(a for a in SPEC.alerts() if a.alert == XID_ALERT)
+    assert f'xid=~"{"|".join(str(c) for c in SPEC.codes["critical_xids"].codes)}"' in alert.promql("")
+    # an overrides file's set is the one preflight checks, as the alert pages on it
+    assert critical_xids(apply_overrides(SPEC, {"codes": {"critical_xids": [13, 79]}})) == {"13", "79"}
 
 
 def test_no_nvml_fails_with_what_to_do(tmp_path):

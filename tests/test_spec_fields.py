@@ -38,7 +38,7 @@ BASE = importlib.import_module(f"{K.__name__}.base")
 # its parts, panels and knobs.
 MODELS = (S.Spec, S.MetricSpec, S.SourceRule, S.RecordingEntry, S.RulesConfig, S.Defaults, *K.KINDS.values(),
           detector.Confirm, condition.Term, condition.Compare, condition.AllOf, condition.AnyOf, P.Panel, R.Param,
-          SignalSpec, R.Notice)
+          SignalSpec, R.Notice, R.CodeSet)
 MIXINS = (K.AlertBase, BASE.WithParams, BASE.WithTest)  # their fields are walked through the kinds using them
 
 # (model, field) -> the one-line reason it needs no reader found as above: a field deliberately consumed by

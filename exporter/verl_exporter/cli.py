@@ -269,11 +269,12 @@ def _cmd_knobs(args) -> int:
         json.dump([r.__dict__ for r in rows], sys.stdout, indent=2)
         print()
         return 0
-    header = ("knob", "effective", "default", "from")
-    cells = [(r.knob, r.value, r.default, r.source + (f"  ({r.note})" if r.note else "")) for r in rows]
-    widths = [min(40, max(len(c[i]) for c in [header, *cells])) for i in range(3)]
+    header = ("knob", "effective", "default", "unit", "from", "meaning")
+    cells = [(r.knob, r.value, r.default, r.unit or "-", r.source + (f"  ({r.note})" if r.note else ""), r.meaning)
+             for r in rows]
+    widths = [min(40, max(len(c[i]) for c in [header, *cells])) for i in range(5)]
     for c in [header, *cells]:
-        print("  ".join(x.ljust(w) for x, w in zip(c[:3], widths, strict=True)) + "  " + c[3])
+        print("  ".join(x.ljust(w) for x, w in zip(c[:5], widths, strict=True)) + "  " + c[5])
     changed = sum(r.source != "spec" for r in rows)
     origin = loaded.overrides.origin if loaded.overrides else "nothing (the spec's defaults)"
     print(f"\n{changed} knob(s) set by {origin}" + ("" if args.changed else f", of {len(rows)}"))

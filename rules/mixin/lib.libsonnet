@@ -20,7 +20,9 @@
   values(c, t):: { selector: c.selector, runbook_url: c.runbook_url }
                  + { ['knob.' + k]: $.fmt(t[k]) for k in std.objectFields(t) }
                  + { ['pct.' + k]: $.pct(t[k]) for k in std.objectFields(t) }
-                 + { ['min.' + k]: $.min(t[k]) for k in std.objectFields(t) },
+                 + { ['min.' + k]: $.min(t[k]) for k in std.objectFields(t) }
+                 + { ['codes.' + k]: std.join('|', [std.toString(x) for x in c.codes[k]])
+                     for k in std.objectFields(c.codes) },
 
   rule(c, a)::
     local o = c.alerts[a.alert];

@@ -12,8 +12,7 @@ from typing import Any
 
 from ..spec import FEEDS, Spec
 from ..spec.kinds import KINDS, AlertBase
-from ..spec.overrides import PreflightKnobs, knob_table
-from ..spec.rules import Param
+from ..spec.overrides import knob_range, knob_table
 from .promql import alert_expr
 from .templating import ENV, render
 
@@ -51,39 +50,6 @@ def fed_by(m: Any) -> str:
     words = {"field": "the line's", "collector": "collector", "instrumented_by": "set by the", "scraped_from":
              "scraped from"}
     return f"{words[feed]} {code(getattr(m, feed))}"
-
-
-def knob_meaning(knob: str, alerts: dict[str, Any], spec: Spec) -> str:
-    name, _, key = knob.partition(".")
-    if name == "global":
-        field = key.split(".", 1)[0]
-        if field == "routing":
-            return "the relay receiver of this team's alerts"
-        return type(spec.rules).model_fields[field].description or field.replace("_", " ")
-    if name == "preflight":
-        return PreflightKnobs.model_fields[key].description or key.replace("_", " ")
-    a = alerts[name]
-    if key == "for":
-        return "how long the condition must hold before it fires"
-    if key == "severity":
-        return "critical, warning or info"
-    if key == "enabled":
-        return "false drops the alert and the inhibit rules naming it"
-    if key == "labels":
-        return "extra labels; team reroutes the alert"
-    if key.startswith("min_steps"):
-        return "steps the signal waits for before its statistics are exported"
-    p: Param = a.knobs()[key]
-    bounds = knob_range(p)
-    return f"fires when the watched value {p.op} it" + (f" ({bounds})" if bounds else "")
-
-
-def knob_range(p: Param) -> str:
-    if p.min is not None and p.max is not None:
-        return f"{p.min:.12g} to {p.max:.12g}"
-    if p.min is not None:
-        return f"at least {p.min:.12g}"
-    return "" if p.max is None else f"at most {p.max:.12g}"
 
 
 def type_text(annotation: Any) -> str:
@@ -128,10 +94,8 @@ def kinds(spec: Spec) -> list[dict[str, Any]]:
 
 def render_docs(spec: Spec) -> dict[str, str]:
     alerts = spec.alerts()
-    by_name = {a.alert: a for a in alerts}
     layers = {layer: [m for m in spec.metrics if m.layer == layer] for layer in LAYERS}
-    knobs = [{"row": r, "alert": r.knob.split(".", 1)[0], "meaning": knob_meaning(r.knob, by_name, spec)}
-             for r in knob_table(spec)]
+    knobs = [{"row": r, "alert": r.knob.split(".", 1)[0]} for r in knob_table(spec)]
     # each alert's causes, from the other side's declarations: those that silence it (inhibits:) and those
     # that may explain it without silencing it (explains:)
     silenced_by: dict[str, list[str]] = {}

@@ -1,11 +1,12 @@
 """A monitoring mixin (``rules/mixin/``, vendored with jsonnet-bundler) carrying the same rules and dashboards.
 
-``_config`` holds the overrides file's knobs (spec/overrides.py): the selector, the runbook URL and, per alert,
-``enabled``, ``severity``, ``for``, extra ``labels`` and ``thresholds``. No second model of the PromQL: every
-text is rendered by the rules renderer with the knobs set to sentinel values, and each sentinel is then
-replaced by a jsonnet format placeholder. A knob whose zero changes the text's shape (a detector's ``change``:
-no gate at 0) gets one template per case. Each template, filled with the defaults, must give back the
-default text (checked here, so a kind that derives a number from a knob fails the generator, not the user).
+``_config`` holds the overrides file's knobs (spec/overrides.py): the selector, the runbook URL, the code sets
+(``codes``) and, per alert, ``enabled``, ``severity``, ``for``, extra ``labels`` and ``thresholds``. No second
+model of the PromQL: every text is rendered by the rules renderer with the knobs (and code sets) set to sentinel
+values, and each sentinel is then replaced by a jsonnet format placeholder. A knob whose zero changes the text's
+shape (a detector's ``change``: no gate at 0) gets one template per case. Each template, filled with the
+defaults, must give back the default text (checked here, so a kind that derives a number from a knob fails the
+generator, not the user).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ LIB = HEADER + """// What every template shares: the knobs as the rules renderer
   values(c, t):: { selector: c.selector, runbook_url: c.runbook_url }
                  + { ['knob.' + k]: $.fmt(t[k]) for k in std.objectFields(t) }
                  + { ['pct.' + k]: $.pct(t[k]) for k in std.objectFields(t) }
-                 + { ['min.' + k]: $.min(t[k]) for k in std.objectFields(t) },
+                 + { ['min.' + k]: $.min(t[k]) for k in std.objectFields(t) }
+                 + { ['codes.' + k]: std.join('|', [std.toString(x) for x in c.codes[k]])
+                     for k in std.objectFields(c.codes) },
 
   rule(c, a)::
     local o = c.alerts[a.alert];
@@ -86,7 +89,9 @@ def _sentinels(alert: Alert) -> dict[str, float]:
     out = {}
     for i, (name, p) in enumerate(alert.knobs().items()):
         n = i + 10
-        fits = [v for v in (float(f"0.{n}31415926"), float(f"{n}.31415926"), float(f"{n}31.415926"))
+        # (a share, a quantile of at least 0.5, a factor, a count)
+        fits = [v for v in (float(f"0.{n}31415926"), float(f"0.{n + 50}31415926"), float(f"{n}.31415926"),
+                            float(f"{n}31.415926"))
                 if (p.min is None or v >= p.min) and (p.max is None or v <= p.max)]
         if not fits:
             raise MixinError(f"{alert.alert}.{name}: no sentinel in its range")
@@ -138,10 +143,21 @@ def _jsonnet(template: Template) -> str:
     return " + ".join(f"v[{_jstr(x)}]" if kind == "value" else _jstr(x) for kind, x in template) or '""'
 
 
+def _code_sentinels(alert: Alert) -> dict[str, tuple[int, ...]]:
+    """{code set: two codes} whose alternation occurs nowhere else in the texts."""
+    return {name: (9000001 + 10 * i, 9000002 + 10 * i) for i, name in enumerate(alert.code_sets())}
+
+
+def _code_strings(codes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    return {f"codes.{name}": "|".join(map(str, c)) for name, c in codes.items()}
+
+
 def _texts(spec: Spec, sentinel_spec: Spec, alert: Alert, knobs: dict[str, float]) -> dict[str, Template]:
     """The alert's templates with the knobs given (sentinels, or 0 for a case), checked on the defaults."""
-    sentinels = {"selector": SELECTOR, "runbook_url": RUNBOOK_URL, **_knob_strings(_sentinels(alert))}
-    rule = alert_rule(sentinel_spec, alert.with_knobs(knobs))
+    codes = _code_sentinels(alert)
+    sentinels = {"selector": SELECTOR, "runbook_url": RUNBOOK_URL, **_knob_strings(_sentinels(alert)),
+                 **_code_strings(codes)}
+    rule = alert_rule(sentinel_spec, alert.with_knobs(knobs).with_codes(codes))
     default = alert_rule(spec, alert)
     out = {}
     for key in TEXTS:
@@ -156,7 +172,7 @@ def _texts(spec: Spec, sentinel_spec: Spec, alert: Alert, knobs: dict[str, float
 def _check(spec: Spec, alert: Alert, texts: dict[str, Template]) -> None:
     default = alert_rule(spec, alert)
     values = {"selector": spec.rules.selector, "runbook_url": spec.rules.runbook_url,
-              **_knob_strings(alert.knob_values())}
+              **_knob_strings(alert.knob_values()), **_code_strings(alert.code_values())}
     for key, template in texts.items():
         want = default["expr"] if key == "expr" else default["annotations"][key]
         if _fill(template, values) != want:
@@ -249,6 +265,7 @@ def _config_libsonnet(spec: Spec) -> str:
             "{\n  _config+:: {\n"
             f"    selector: {_jstr(spec.rules.selector)},\n"
             f"    runbook_url: {_jstr(spec.rules.runbook_url)},\n"
+            f"    codes: {to_json({name: list(c) for name, c in spec.code_values().items()})},\n"
             "    alerts: {\n" + "\n".join(alerts) + "\n    },\n  },\n}\n")
 
 

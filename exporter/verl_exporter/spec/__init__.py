@@ -55,10 +55,10 @@ from ..core.models import (
     read_yaml,
     where,
 )
-from .kinds import CROSS_METRIC, KINDS, Alert
+from .kinds import CROSS_METRIC, KINDS, Alert, AlertBase
 from .kinds.condition import NODES as CONDITION_NODES
 from .panels import Panel
-from .rules import PATTERN_MESSAGES, Notice, Sentence, Severity
+from .rules import PATTERN_MESSAGES, CodeSet, MetricUnit, Notice, ParamName, Sentence, Severity
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable  # Python 3.11; a Path is one too
@@ -82,9 +82,7 @@ FEEDS = ("source", "field", "collector", "instrumented_by", "scraped_from")
 # The parts of the pack that set metrics from their own code (not through a collector).
 InstrumentedBy = Literal["exporter", "detector", "relay"]
 INSTRUMENTED_BY: tuple[InstrumentedBy, ...] = get_args(InstrumentedBy)
-# Base units a name may end with (Prometheus conventions: seconds, bytes, ratios 0-1).
-Unit = Literal["", "seconds", "bytes", "ratio", "tokens", "tokens_per_second", "bytes_per_second", "joules",
-               "watts", "celsius", "hertz"]
+Unit = MetricUnit  # the base unit a name may end with (spec/rules.py)
 Conversion = Literal["gib_to_bytes", "mib_to_bytes", "kib_to_bytes", "ms_to_seconds", "us_to_seconds",
                      "percent_to_ratio"]
 CONVERSIONS: dict[Conversion, float] = {  # a factor for each Conversion
@@ -336,8 +334,8 @@ class MetricSpec(StrictModel):
     @field_validator("alerts", "panels")
     @classmethod
     def _on_this_metric(cls, entries: Sequence[Alert | Panel], info: ValidationInfo) -> tuple[Alert | Panel, ...]:
-        name = info.data.get("name", "")
-        return tuple(e.on_metric(name) for e in entries)
+        name, unit = info.data.get("name", ""), info.data.get("unit", "")
+        return tuple(e.on_metric(name, unit) if isinstance(e, AlertBase) else e.on_metric(name) for e in entries)
 
     @field_validator("detect")
     @classmethod
@@ -432,7 +430,20 @@ class Spec(StrictModel):
                                           description="alerts on several metrics")
     notices: TupleOf[Notice] = Field(default_factory=tuple,
                                      description="pages the pack sends itself, with no Prometheus rule behind them")
+    codes: dict[ParamName, CodeSet] = Field(default_factory=dict, description="sets of codes alerts select by "
+                                            "(<codes.NAME> in their PromQL), each declared once")
     _overrides: str = PrivateAttr("")  # the overrides file applied (spec.overrides.apply_overrides), if any
+
+    @model_validator(mode="after")
+    def _bind_codes(self) -> Spec:
+        """Every alert reads the code sets declared here (an overrides file's codes: rebinds them)."""
+        values = self.code_values()
+        for a in self.alerts():
+            a._codes = {name: values[name] for name in a.code_sets() if name in values}
+        return self
+
+    def code_values(self) -> dict[str, tuple[int, ...]]:
+        return {name: c.codes for name, c in self.codes.items()}
 
     @field_validator("metrics")
     @classmethod
@@ -499,6 +510,12 @@ class Spec(StrictModel):
         out += [(("alerts", j, "kind"), f"a top-level alert names its series: its kind is one of "
                  f"{sorted(k for k, c in KINDS.items() if not c.on_entry)}") for j, a in enumerate(self.global_alerts)
                 if a.on_entry]
+        used: set[str] = set()
+        for path, a in alerts:
+            used.update(a.code_sets())
+            out += [((*path, "alert"), f"quotes <codes.{name}>, which codes: does not declare")
+                    for name in a.code_sets() if name not in self.codes]
+        out += [(("codes", name), "no alert quotes it (<codes.NAME>)") for name in self.codes if name not in used]
         metrics, signals = {m.name for m in self.metrics}, {d.name for m in self.metrics for d in m.detect}
         for path, a in alerts:
             out += [((*path, "kind"), f"reads metric {name!r}, which is not in the spec")

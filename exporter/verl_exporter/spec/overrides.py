@@ -11,12 +11,15 @@ threshold, a team writes only what differs and keeps upgrading the pack::
       VerlResponseClipRatioHigh: {thresholds: {clip_ratio: 0.3}, for: 15m}
       VerlRewardDrop: {thresholds: {k: 6}, min_steps: 20}
       VerlGPUPowerCapped: {enabled: false}
+    codes:
+      critical_xids: [48, 79, 94, 95]         # a set of codes several alerts select by (spec's codes:)
 
 Per alert: ``thresholds`` (its knobs, ``knobs()`` of its kind, spec/kinds/: the threshold, a detector's k and change,
 an expr alert's named params), ``for``, ``severity``, ``enabled``, extra ``labels`` (``team`` reroutes it),
 ``min_steps`` (the step-domain signals it reads wait for that many steps). Global: the job ``selector``,
 ``runbook_url``, ``relay_url``, ``evaluation_interval``, ``max_alerts`` (alerts per webhook to the relay) and
-``routing``. ``preflight:`` holds the thresholds of `verl-exporter preflight` (PreflightKnobs).
+``routing``. ``codes:`` replaces a code set of the spec (each is shared by the alerts that quote it, and by
+preflight's XID check). ``preflight:`` holds the thresholds of `verl-exporter preflight` (PreflightKnobs).
 
 ``apply_overrides(spec, overrides)`` returns the effective Spec; everything downstream (the rules, their
 promtool tests, the dashboards, Alertmanager, the PrometheusRule, the sidecar's detectors, the in-process
@@ -46,7 +49,7 @@ from ..core.detect import MIN_STEPS_FLOOR
 from ..core.models import FileError, KeyPath, Lines, StrictModel, json_schema, read_yaml, validate, where
 from . import LabelName, Spec, load_spec
 from .kinds import Alert
-from .rules import SEVERITIES, AlertName, Duration, Severity, in_range
+from .rules import CODES_UNIT, SEVERITIES, AlertName, Codes, Duration, Param, ParamName, Severity, in_range
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,8 @@ class Overrides(StrictModel):
     version: Literal[1] = 1
     global_: GlobalOverrides = Field(default_factory=GlobalOverrides, alias="global")
     alerts: dict[AlertName, AlertOverride] = Field(default_factory=dict)
+    codes: dict[ParamName, Codes] = Field(default_factory=dict, description="code sets of the spec by name, each "
+                                          "a list of codes (`verl-exporter spec --knobs` lists them)")
     preflight: PreflightKnobs = Field(default_factory=PreflightKnobs)
 
 
@@ -151,6 +156,16 @@ def _hint(err: ErrorDetails, path: KeyPath) -> str | None:
     if path and path[-1] in ("for", "evaluation_interval") and err["type"] in ("string_type",
                                                                                "string_pattern_mismatch"):
         return f"must be a Prometheus duration like 10m, got {err['input']!r}"
+    # a knob of the wrong unit: a list for a number, a number for a code set
+    if len(path) == 4 and path[2] == "thresholds" and isinstance(err["input"], (list, dict)):
+        return f"a threshold is one number, got {type(err['input']).__name__} (a set of codes goes under codes:)"
+    if len(path) == 2 and path[0] == "codes":
+        if err["type"] == "tuple_type":
+            return f"a code set is a list of integer codes like [48, 79], got {err['input']!r}"
+        if err["type"] == "too_short":
+            return "a code set holds at least one code (to page on none, disable the alerts that read it)"
+    if len(path) == 3 and path[0] == "codes" and err["type"] in ("int_type", "int_from_float", "greater_than_equal"):
+        return f"a code is a non-negative integer, got {err['input']!r}"
     return None
 
 
@@ -257,6 +272,8 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
             if knob not in own:
                 has = f"its knobs: {', '.join(own)}" if own else \
                     "it has none; for, severity, enabled and labels still apply"
+                if knob in spec.codes:
+                    has += f"; {knob} is a code set: set codes.{knob}"
                 problems.append(f"{where}: {name} has no knob {knob!r} ({has})")
             elif not math.isfinite(value) or not in_range(own[knob], value):
                 p = own[knob]
@@ -274,6 +291,12 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
         if ov.labels:
             alert = alert.model_copy(update={"labels": {**alert.labels, **ov.labels}})
         changed[name] = alert
+    for code_set in model.codes:
+        if code_set not in spec.codes:
+            near = difflib.get_close_matches(code_set, list(spec.codes), n=1)
+            problems.append(f"{loaded.where('codes', code_set)}: codes.{code_set}: no such code set in the spec "
+                            f"(code sets: {', '.join(spec.codes) or 'none'})" + (f"; did you mean {near[0]}?" if near
+                                                                                 else ""))
     min_steps = signal_min_steps(spec, loaded, problems)
     enabled = [e for e in (changed.get(a.alert, a) for a in spec.alerts()) if e is not None]
     teams = teams_of(enabled)
@@ -286,6 +309,7 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
     if problems:
         raise OverridesError(sorted(problems, key=_line_of), loaded.origin)
     off = {name for name, a in changed.items() if a is None}
+    codes = {**spec.code_values(), **{name: tuple(c) for name, c in model.codes.items()}}
 
     def effective(alerts: Sequence[Alert]) -> tuple[Alert, ...]:
         out: list[Alert] = []
@@ -295,7 +319,7 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
                 continue
             if set(e.inhibits) & off:
                 e = e.model_copy(update={"inhibits": [t for t in e.inhibits if t not in off]})
-            out.append(e)
+            out.append(e.with_codes(codes))
         return tuple(out)
 
     metrics = []
@@ -308,7 +332,8 @@ def apply_overrides(spec: Spec, overrides: LoadedOverrides | Overrides | dict[st
              "evaluation_interval": g.evaluation_interval, "max_alerts": g.max_alerts}
     rules = spec.rules.model_copy(update={**{k: v for k, v in given.items() if v is not None},
                                           "routing": {**spec.rules.routing, **_routing(g)}})
-    effective_spec = spec.model_copy(update={"metrics": tuple(metrics), "rules": rules,
+    code_sets = {name: c.model_copy(update={"codes": codes[name]}) for name, c in spec.codes.items()}
+    effective_spec = spec.model_copy(update={"metrics": tuple(metrics), "rules": rules, "codes": code_sets,
                                              "global_alerts": effective(spec.global_alerts)})
     effective_spec._overrides = loaded.origin  # not a key of the spec file: private, set on this fresh copy
     return effective_spec
@@ -350,11 +375,37 @@ class KnobRow:
     value: str
     source: str  # "spec", or FILE:LINE
     note: str = ""
+    unit: str = ""  # a threshold's (Param.unit), a code set's (codes); "" for the settings
+    meaning: str = ""  # one line: what it decides
+
+
+def param_meaning(p: Param) -> str:
+    """A threshold's meaning, on which side it fires and its range, in one line."""
+    bounds = knob_range(p)
+    return f"{p.meaning}; fires when the watched value {p.op} it" + (f" ({bounds})" if bounds else "")
+
+
+def knob_range(p: Param) -> str:
+    if p.min is not None and p.max is not None:
+        return f"{p.min:.12g} to {p.max:.12g}"
+    if p.min is not None:
+        return f"at least {p.min:.12g}"
+    return "" if p.max is None else f"at most {p.max:.12g}"
+
+
+# what the keys of every alert mean (its thresholds have their own: param_meaning)
+ALERT_KEYS = {"enabled": "false drops the alert and the inhibit rules naming it",
+              "for": "how long the condition must hold before it fires",
+              "severity": "critical, warning or info",
+              "labels": "extra labels; team reroutes the alert",
+              "min_steps": "steps the signal waits for before its statistics are exported"}
 
 
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.12g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
     if isinstance(value, dict):
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
     return str(value)
@@ -375,19 +426,27 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
     for key in ("selector", "runbook_url", "relay_url", "evaluation_interval", "max_alerts"):
         given = getattr(g, key)
         rows.append(KnobRow(f"global.{key}", str(getattr(spec.rules, key)), str(getattr(eff.rules, key)),
-                            src("global", key) if given is not None else "spec"))
+                            src("global", key) if given is not None else "spec",
+                            meaning=type(spec.rules).model_fields[key].description or key.replace("_", " ")))
     for team in sorted(teams_of(list(eff_alerts.values())) | set(g.routing)):
         default = f"{team}-<severity>"
         routed = eff.rules.routing.get(team)
         value = default if routed is None else (next(iter(set(routed.values()))) if len(set(routed.values())) == 1
                                                 else _fmt(routed))
         rows.append(KnobRow(f"global.routing.{team}", default, value,
-                            src("global", "routing", team) if team in g.routing else "spec"))
+                            src("global", "routing", team) if team in g.routing else "spec",
+                            meaning="the relay receiver of this team's alerts"))
+    for name, c in spec.codes.items():
+        readers = [a.alert for a in spec.alerts() if name in a.code_sets()]
+        rows.append(KnobRow(f"codes.{name}", _fmt(list(c.codes)), _fmt(list(eff.codes[name].codes)),
+                            src("codes", name) if name in model.codes else "spec", unit=CODES_UNIT,
+                            meaning=f"{c.meaning} (read by {', '.join(readers)})"))
     defaults = PreflightKnobs()
     for key in PreflightKnobs.model_fields:
         given = key in model.preflight.model_fields_set
         rows.append(KnobRow(f"preflight.{key}", _fmt(getattr(defaults, key)), _fmt(getattr(model.preflight, key)),
-                            src("preflight", key) if given else "spec"))
+                            src("preflight", key) if given else "spec",
+                            meaning=PreflightKnobs.model_fields[key].description or key.replace("_", " ")))
     signals = {s.name: s for s in eff.signals()}
     base_signals = {s.name: s for s in spec.signals()}
     for a in spec.alerts():
@@ -396,26 +455,31 @@ def knob_table(spec: Spec, loaded: LoadedOverrides | None = None) -> list[KnobRo
         note = "hard safety" if is_hard_safety(spec, a) else ""
         path = ("alerts", a.alert)
         rows.append(KnobRow(f"{a.alert}.enabled", "true", "false" if e is None else "true",
-                            src(*path, "enabled") if ov and ov.enabled is not None else "spec", note))
+                            src(*path, "enabled") if ov and ov.enabled is not None else "spec", note,
+                            meaning=ALERT_KEYS["enabled"]))
         if e is None:
             continue
         for name, p in a.knobs().items():
             rows.append(KnobRow(f"{a.alert}.{name}", _fmt(p.value), _fmt(e.knobs()[name].value),
-                                src(*path, "thresholds", name) if ov and name in ov.thresholds else "spec", note))
+                                src(*path, "thresholds", name) if ov and name in ov.thresholds else "spec", note,
+                                unit=p.unit, meaning=param_meaning(p)))
         rows.append(KnobRow(f"{a.alert}.for", a.for_, e.for_, src(*path, "for") if ov and ov.for_ else "spec",
-                            note))
+                            note, meaning=ALERT_KEYS["for"]))
         rows.append(KnobRow(f"{a.alert}.severity", a.severity, e.severity,
-                            src(*path, "severity") if ov and ov.severity else "spec", note))
+                            src(*path, "severity") if ov and ov.severity else "spec", note,
+                            meaning=ALERT_KEYS["severity"]))
         if a.labels or e.labels:
             rows.append(KnobRow(f"{a.alert}.labels", _fmt(a.labels), _fmt(e.labels),
-                                src(*path, "labels") if ov and ov.labels else "spec", note))
+                                src(*path, "labels") if ov and ov.labels else "spec", note,
+                                meaning=ALERT_KEYS["labels"]))
         for sig in a.signals():
             if sig in signals:
                 setter = next((n for n, o in model.alerts.items() if o.min_steps is not None and n in eff_alerts
                                and sig in eff_alerts[n].signals()), None)
                 rows.append(KnobRow(f"{a.alert}.min_steps[{sig}]", str(base_signals[sig].min_steps),
                                     str(signals[sig].min_steps),
-                                    src("alerts", setter, "min_steps") if setter else "spec", note))
+                                    src("alerts", setter, "min_steps") if setter else "spec", note, unit="count",
+                                    meaning=ALERT_KEYS["min_steps"]))
     return rows
 
 
@@ -428,8 +492,8 @@ def schema(spec: Spec | None = None) -> dict[str, Any]:
     for a in spec.alerts():
         thresholds: dict[str, Any] = {}
         for name, p in a.knobs().items():
-            t: dict[str, Any] = {"type": "number", "description": f"default {p.value:g}; fires when the watched "
-                                                                  f"value {p.op} it"}
+            t: dict[str, Any] = {"type": "number", "description": f"{p.unit}, default {p.value:g}: "
+                                                                  f"{param_meaning(p)}"}
             if p.min is not None:
                 t["minimum"] = p.min
             if p.max is not None:
@@ -443,4 +507,9 @@ def schema(spec: Spec | None = None) -> dict[str, Any]:
         props[a.alert] = entry
     doc["properties"]["alerts"] = {"type": "object", "properties": props, "additionalProperties": False,
                                    "description": "per alert of the pack (unknown names are errors)"}
+    codes = doc["properties"]["codes"]
+    # the model's: any name, a list of codes; here each set of the spec, spelled out
+    item = next(iter(codes.pop("patternProperties").values()))
+    codes.update({"properties": {name: {**item, "description": f"default {_fmt(list(c.codes))}: {c.meaning}"}
+                                 for name, c in spec.codes.items()}, "additionalProperties": False})
     return doc

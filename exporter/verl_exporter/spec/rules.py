@@ -8,11 +8,16 @@ Placeholders in PromQL written in the spec:
   <sel>     the selector of the place the query goes: rules get the spec's ``selector`` (job="verl"),
             dashboards get job/run/rank template variables
   <name>    a named threshold (``params:``), a knob an overrides file may change
+  <codes.NAME>  a code set of the spec (``codes:``, shared by the alerts that quote it), as a regex
+            alternation 48|63|...; an overrides file's ``codes:`` may replace it
 
-Every alert has knobs (``alert.knobs()``, each a ``Param``). Its summary, description and runbook may quote
-them as ``<name>`` (the number), ``<name|pct>`` (a percentage) or ``<name|min>`` (seconds as minutes), and an
-alert's own test may compute its input values from them (``<expression>``: numbers, knob names, + - * /, min(),
-max()), so that the rules, their tests and their texts follow an overridden knob.
+Every alert has knobs (``alert.knobs()``, each a ``Param`` with its unit and one line of meaning: a kind makes
+them from its keys, declared with ``kinds.base.knob_field``; an expr or condition alert writes them under
+``params:``). Every number that decides whether an alert fires is one (tests/test_knobs.py walks them). Its
+summary, description and runbook may quote them as ``<name>`` (the number), ``<name|pct>`` (a percentage) or
+``<name|min>`` (seconds as minutes), and an alert's own test may compute its input values from them
+(``<expression>``: numbers, knob names, + - * /, min(), max()), so that the rules, their tests and their texts
+follow an overridden knob.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BeforeValidator, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..core.models import StrictModel
@@ -35,6 +40,15 @@ SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 Op = Literal[">", "<", ">=", "<="]
 OPS: tuple[Op, ...] = get_args(Op)
 Direction = Literal["up", "down", "both"]
+# Base units a metric's name may end with (Prometheus conventions: seconds, bytes, ratios 0-1); "" a plain number.
+MetricUnit = Literal["", "seconds", "bytes", "ratio", "tokens", "tokens_per_second", "bytes_per_second", "joules",
+                     "watts", "celsius", "hertz"]
+# What a knob is measured in: a metric's base unit (a plain number is "number"), or one of the knobs' own:
+# count (of events, samples, requests), factor (a multiple of a baseline), spreads (robust standard deviations of
+# a signal), quantile (a level 0-1 of a distribution), hours and bytes_per_hour (a horizon, a growth), nats
+# (entropy).
+KnobUnit = Literal[MetricUnit, "number", "count", "factor", "spreads", "quantile", "hours", "bytes_per_hour",
+                   "nats"]
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
 # The only Go-template constructs a summary/description may use, so that tests can expand them exactly.
 TEMPLATE_RE = re.compile(r"\{\{\s*(\$value\s*\|\s*printf\s+\"%\.\d+[gf]\"|\$labels\.[a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
@@ -43,6 +57,11 @@ RESERVED_PLACEHOLDERS = ("metric", "sel")
 EXPR_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)>")
 TEXT_PLACEHOLDER_RE = re.compile(r"<([a-z][a-z0-9_]*)(\|pct|\|min)?>")
 TEST_EXPR_RE = re.compile(r"<([^<>]+)>")
+# A code set of the spec (codes:) in an alert's PromQL: <codes.NAME>, rendered as a regex alternation 48|63|...
+CODES_PLACEHOLDER_RE = re.compile(r"<codes\.([a-z][a-z0-9_]*)>")
+# ... and in its test's series and labels: <codes.NAME|in:79> is 79 when the set holds it, else its first code;
+# <codes.NAME|out:13> is 13 when the set does not hold it, else the smallest code it does not hold.
+CODES_TEST_RE = re.compile(r"<codes\.([a-z][a-z0-9_]*)\|(in|out):(\d+)>")
 
 
 DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -107,13 +126,57 @@ class Notice(StrictModel):
 
 
 # ---------------------------------------------------------------------------------------------- knobs
+def _distinct(codes: tuple[int, ...]) -> tuple[int, ...]:
+    twice = sorted({c for c in codes if codes.count(c) > 1})
+    if twice:
+        raise ValueError(f"{', '.join(map(str, twice))} listed twice")
+    return codes
+
+
+# A set of codes as a file writes it: a list of distinct non-negative integers, at least one (held as a tuple,
+# which strict validation takes only as one: the file's list is made one first).
+Codes = Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(min_length=1), AfterValidator(_distinct),
+                  BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+CODES_UNIT = "codes"  # the unit a code set's knob is shown with
+
+
+class CodeSet(StrictModel):
+    """A set of codes several alerts select by (a label's values: the XIDs that page as critical), declared
+    once under the spec's ``codes:`` and quoted as <codes.NAME> in their PromQL; an overrides file's ``codes:``
+    replaces it."""
+
+    codes: Codes = Field(description="the codes (distinct non-negative integers, at least one)")
+    meaning: Sentence = Field(description="one line: what the set decides")
+
+
+def fill_codes(text: str, codes: Mapping[str, tuple[int, ...]]) -> str:
+    """PromQL with each <codes.NAME> of a known set replaced by its alternation (others are left)."""
+    return CODES_PLACEHOLDER_RE.sub(lambda m: "|".join(map(str, codes[m[1]])) if m[1] in codes else m[0], text)
+
+
+def fill_test_codes(text: str, codes: Mapping[str, tuple[int, ...]]) -> str:
+    """A test's series or label with each <codes.NAME|in:N> / <codes.NAME|out:N> chosen for the sets given."""
+    def one(m: re.Match[str]) -> str:
+        if m[1] not in codes:
+            return m[0]
+        held, wanted = codes[m[1]], int(m[3])
+        if m[2] == "in":
+            return str(wanted if wanted in held else held[0])
+        return str(wanted if wanted not in held else next(c for c in range(len(held) + 1) if c not in held))
+
+    return CODES_TEST_RE.sub(one, text)
+
+
 class Param(StrictModel):
-    """One knob of an alert: its value, and on which side of it the alert fires (op: the watched quantity
-    {op} value fires, so raising a ">" knob or lowering a "<" one loosens the alert). Written under an expr or
-    condition alert's ``params:``; the other kinds make theirs from their own keys (``knobs()``)."""
+    """One knob of an alert: its value, on which side of it the alert fires (op: the watched quantity {op}
+    value fires, so raising a ">" knob or lowering a "<" one loosens the alert), its unit and one line of
+    meaning. Written under an expr or condition alert's ``params:``; the other kinds make theirs from their own
+    keys (``knobs()``, from the keys' knob_field declarations)."""
 
     value: float
     op: Op = Field(">", description="the watched quantity {op} value fires")
+    unit: KnobUnit = Field(description="what the value is measured in")
+    meaning: Sentence = Field(description="one line: what the knob decides")
     min: float | None = None
     max: float | None = None
     quantity: str | None = Field(default=None, description="expr alerts: the PromQL (with <metric>, <sel> and "
@@ -121,6 +184,8 @@ class Param(StrictModel):
 
     @model_validator(mode="after")
     def _in_range(self) -> Param:
+        if self.unit == "":
+            raise ValueError("a knob's unit is never '': a plain number is unit number")
         if not in_range(self, self.value):
             raise ValueError(f"value {self.value:g} is outside [{self.min}, {self.max}]")
         return self

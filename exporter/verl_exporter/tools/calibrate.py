@@ -223,7 +223,7 @@ class Calibration:
 
     def overrides_doc(self) -> dict:
         """The proposed overrides file as a mapping: the base overrides (if any) with the new thresholds."""
-        doc = self.base.model.model_dump(by_alias=True, exclude_defaults=True) if self.base else {}
+        doc = self.base.model.model_dump(mode="json", by_alias=True, exclude_defaults=True) if self.base else {}
         doc.setdefault("version", 1)
         alerts = doc.setdefault("alerts", {})
         for alert, values in self.thresholds().items():
@@ -336,6 +336,9 @@ def render_overrides(result: Calibration) -> str:
                     k = reasons.get((name, knob))
                     note = f"  # default {k.default:g}: {k.what}, {k.reason}" if k else ""
                     body.append(f"      {knob}: {fmt_knob(v)}{note}")
+    for key, value in doc.items():  # what else the base overrides set (code sets, preflight), as it was
+        if key not in ("version", "global", "alerts"):
+            body.append(yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=None).rstrip())
     return "\n".join(head + body) + "\n"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic_core import PydanticUndefined
 
 from ...core.models import StrictModel
 from ..rules import (
@@ -19,6 +20,9 @@ from ..rules import (
     TEXT_PLACEHOLDER_RE,
     AlertName,
     Duration,
+    KnobUnit,
+    MetricUnit,
+    Op,
     Param,
     ParamName,
     Sentence,
@@ -37,6 +41,25 @@ CROSS_METRIC = "(cross-metric)"  # the metric of an alert declared at the top le
 def register(cls: type[AlertBase]) -> type[AlertBase]:
     KINDS[cls.model_fields["kind"].default] = cls
     return cls
+
+
+def knob_field(default: Any = PydanticUndefined, *, meaning: str, unit: KnobUnit | None, op: Op | None = ">",
+               min: float | None = None, max: float | None = None) -> Any:
+    """A kind's key that is one of its knobs: its meaning (the field's description), its unit (None: the
+    metric's), on which side it fires (None: the alert's own op) and its range (also the key's bounds), declared
+    once on the field; ``AlertBase.field_knob`` makes the knob's Param from it."""
+    return Field(default, description=meaning, ge=min, le=max,
+                 json_schema_extra={"knob": {"unit": unit, "op": op, "min": min, "max": max}})
+
+
+def field_knob_of(model: type[StrictModel], name: str, value: float, **given: Any) -> Param:
+    """The Param of a knob_field of a model (given: what the field leaves to the instance, unit or op)."""
+    f = model.model_fields[name]
+    extra = f.json_schema_extra
+    knob = extra.get("knob") if isinstance(extra, dict) else None
+    assert isinstance(knob, dict), f"{model.__name__}.{name} is not declared with knob_field"
+    decl = {k: v for k, v in knob.items() if v is not None}
+    return Param.model_validate({"value": float(value), "meaning": f.description, **decl, **given})
 
 
 class StepView(Protocol):
@@ -87,6 +110,8 @@ class AlertBase(StrictModel):
     hard_safety: ClassVar[bool] = False
 
     _metric: str = PrivateAttr(CROSS_METRIC)  # the spec entry it is declared on (set by the entry)
+    _unit: MetricUnit = PrivateAttr("")  # that entry's unit
+    _codes: dict[str, tuple[int, ...]] = PrivateAttr(default_factory=dict)  # the spec's code sets (Spec binds them)
     _written: dict[str, str] = PrivateAttr(default_factory=dict)  # texts as written, with <knob> placeholders
     _base_for: str = PrivateAttr("0m")  # the `for` the spec gives (an explicit test is timed for it)
     _base_knobs: dict[str, float] = PrivateAttr(default_factory=dict)  # the knobs the spec gives (likewise)
@@ -146,6 +171,11 @@ class AlertBase(StrictModel):
         return self._metric
 
     @property
+    def metric_unit(self) -> KnobUnit:
+        """Its entry's unit as a knob's: a plain number is "number"."""
+        return self._unit or "number"
+
+    @property
     def base_for(self) -> str:
         return self._base_for
 
@@ -164,9 +194,31 @@ class AlertBase(StrictModel):
         out._render()
         return out
 
-    def on_metric(self, metric: str) -> AlertBase:
+    def on_metric(self, metric: str, unit: MetricUnit = "") -> AlertBase:
         self._metric = metric
+        self._unit = unit
         return self
+
+    def field_knob(self, name: str, **given: Any) -> Param:
+        """The knob of one of its knob_field keys, at its value."""
+        return field_knob_of(type(self), name, getattr(self, name), **given)
+
+    def code_sets(self) -> tuple[str, ...]:
+        """The spec's code sets (codes:) its PromQL or its test quotes as <codes.NAME>."""
+        return ()
+
+    def code_values(self) -> dict[str, tuple[int, ...]]:
+        """The code sets it reads, as bound by its spec."""
+        return dict(self._codes)
+
+    def with_codes(self, codes: dict[str, tuple[int, ...]]) -> AlertBase:
+        """The alert reading these code sets (a copy when they differ from those it reads)."""
+        own = {name: codes[name] for name in self.code_sets() if name in codes}
+        if own == {name: self._codes.get(name) for name in self.code_sets()}:
+            return self
+        out = self.model_copy()
+        out._codes = own
+        return out
 
     def _render(self) -> None:
         values = self.knob_values()

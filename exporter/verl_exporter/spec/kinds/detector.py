@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ...core.models import StrictModel
 from ..rules import Direction, Param
 from . import promtool
-from .base import AlertBase, StepView, register
+from .base import AlertBase, StepView, field_knob_of, knob_field, register
 from .promql import JOIN, detector_gauge, num
 
 if TYPE_CHECKING:
@@ -22,8 +22,27 @@ class Confirm(StrictModel):
 
     signal: str
     direction: Direction = "down"
-    k: float | None = Field(None, description="default: the alert's k")
-    change: float = 0.0
+    k: float | None = knob_field(None, meaning="how many spreads the confirming signal must deviate by too "
+                                               "(unset: the alert's k)", unit="spreads", min=0.5)
+    change: float = knob_field(0.0, meaning="the relative change from its expected value the confirming signal "
+                                            "must reach too (0: no gate)", unit="ratio", min=0)
+
+    def knobs(self) -> dict[str, Param]:
+        """Its own k (when set) and change gate (when there is one, which a knob keeps: at least CHANGE_MIN),
+        named after its signal: <signal>_k, <signal>_change."""
+        out = {}
+        if self.k is not None:
+            out[f"{self.signal}_k"] = field_knob_of(Confirm, "k", self.k)
+        if self.change:
+            out[f"{self.signal}_change"] = field_knob_of(Confirm, "change", self.change, min=CHANGE_MIN)
+        return out
+
+    def set_knobs(self, values: dict[str, float]) -> Confirm:
+        update = {key: values[f"{self.signal}_{key}"] for key in ("k", "change") if f"{self.signal}_{key}" in values}
+        return self.model_copy(update=update) if update else self
+
+
+CHANGE_MIN = 0.01  # a confirming signal's change gate stays a gate: at least 1%
 
 
 def _directions(direction: str) -> tuple[str, ...]:
@@ -62,15 +81,31 @@ class DetectorAlert(AlertBase):
     kind: Literal["detector"] = "detector"
     signal: str = Field(description="the step-domain signal (detect:)")
     direction: Direction = "up"
-    k: float = Field(4.0, gt=0, description="standard deviations")
-    change: float = Field(0.0, description="the relative change from the expected value it must also reach")
+    k: float = knob_field(4.0, meaning="how many spreads (robust standard deviations) the signal's sustained "
+                                       "deviation from its own trend must reach", unit="spreads", min=0.5)
+    change: float = knob_field(0.0, meaning="the relative change from its expected value the signal must also "
+                                            "reach (0: no gate)", unit="ratio", min=0)
     confirm: list[Confirm] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _one_confirm_per_signal(self) -> DetectorAlert:
+        signals = [c.signal for c in self.confirm]
+        if len(set(signals)) != len(signals) or self.signal in signals:
+            raise ValueError("each confirming signal is named once, and is not the alert's own (its knobs are "
+                             "named after it)")
+        return self
+
     def knobs(self) -> dict[str, Param]:
-        return {"k": Param(value=self.k, op=">", min=0.5), "change": Param(value=self.change, op=">", min=0)}
+        out = {name: self.field_knob(name) for name in ("k", "change")}
+        for c in self.confirm:
+            out.update(c.knobs())
+        return out
 
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
-        return {k: v for k, v in values.items() if k in ("k", "change")}
+        out: dict[str, Any] = {k: v for k, v in values.items() if k in ("k", "change")}
+        if self.confirm:
+            out["confirm"] = [c.set_knobs(values) for c in self.confirm]
+        return out
 
     def confirms(self) -> list[tuple[str, str, float, float]]:
         return [(c.signal, c.direction, self.k if c.k is None else c.k, c.change) for c in self.confirm]

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..rules import EXPR_PLACEHOLDER_RE, RESERVED_PLACEHOLDERS, fill_knobs
+from ..rules import (
+    CODES_PLACEHOLDER_RE,
+    CODES_TEST_RE,
+    EXPR_PLACEHOLDER_RE,
+    RESERVED_PLACEHOLDERS,
+    fill_codes,
+    fill_knobs,
+)
 from . import promtool
 from .base import AlertBase, WithParams, WithTest, register
 from .promql import fill
@@ -24,7 +31,7 @@ SIGNAL_MATCHER_RE = re.compile(r'signal\s*=~?\s*"([^"]+)"')
 @register
 class ExprAlert(WithParams, WithTest, AlertBase):
     kind: Literal["expr"] = "expr"
-    expr: str = Field(description="PromQL with <metric>, <sel> and <param> placeholders")
+    expr: str = Field(description="PromQL with <metric>, <sel>, <param> and <codes.NAME> placeholders")
     outside_trainer: str | None = Field(None, description="why a trainer process cannot judge it (needed when "
                                                           "critical: the breaker judges every other critical)")
     explicit_test = True
@@ -53,7 +60,12 @@ class ExprAlert(WithParams, WithTest, AlertBase):
         return self
 
     def promql(self, sel: str) -> str:
-        return fill(fill_knobs(self.expr, self.knob_values()), self.metric, sel)
+        return fill(fill_codes(fill_knobs(self.expr, self.knob_values()), self._codes), self.metric, sel)
+
+    def code_sets(self) -> tuple[str, ...]:
+        texts = [self.expr, str(self.test or "")]
+        return tuple(dict.fromkeys(name for text in texts for name in CODES_PLACEHOLDER_RE.findall(text) +
+                                   [m[0] for m in CODES_TEST_RE.findall(text)]))
 
     def test_case(self, spec: Spec) -> dict[str, Any]:
         return promtool.explicit_case(spec, self, self.test or {})  # a test is required (_common)

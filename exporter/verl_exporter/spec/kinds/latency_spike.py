@@ -17,13 +17,12 @@ from pydantic import Field
 
 from ..rules import Number, Param, duration_seconds
 from . import promtool
-from .base import AlertBase, register
+from .base import AlertBase, knob_field, register
 from .promql import fill, matchers_text, num
 
 if TYPE_CHECKING:
     from .. import Spec
 
-QUANTILE = 0.99
 WINDOW, BASELINE = "5m", "1h] offset 30m"  # the baseline as written inside rate(...[...])
 JOIN = "* on (run) group_left (job) (max by (job, run) (verl_training_step{<sel>}) * 0 + 1)"
 
@@ -40,20 +39,23 @@ class LatencySpikeAlert(AlertBase):
     histogram: str = Field(pattern=r"^[a-z][a-z0-9_]*_seconds$",
                            description="the histogram's name after the engine's prefix (vllm:, sglang:), as every "
                                        "engine names it: time_to_first_token_seconds")
-    factor: Number = Field(3, description="fires when the p99 is over factor times its baseline")
+    factor: Number = knob_field(3, meaning="how many times its baseline the quantile must reach", unit="factor",
+                                min=1)
+    quantile: Number = knob_field(0.99, meaning="the latency quantile compared (0.99: the p99)", unit="quantile",
+                                  min=0.01, max=0.999)
 
     def knobs(self) -> dict[str, Param]:
-        return {"factor": Param(value=float(self.factor), op=">", min=1)}
+        return {name: self.field_knob(name) for name in ("factor", "quantile")}
 
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
-        return {"factor": values["factor"]} if "factor" in values else {}
+        return {k: v for k, v in values.items() if k in ("factor", "quantile")}
 
     def metrics(self) -> tuple[str, ...]:
         return tuple(f"{e}:{self.histogram}" for e in _engines())
 
     def _p99(self, window: str) -> str:
         rates = " or ".join(f"rate({e}:{self.histogram}_bucket[{window})" for e in _engines())
-        return f"histogram_quantile({num(QUANTILE)}, sum by (run, instance, le) ({rates}))"
+        return f"histogram_quantile({num(float(self.quantile))}, sum by (run, instance, le) ({rates}))"
 
     def promql(self, sel: str) -> str:
         spike = f"{self._p99(WINDOW + ']')} > {num(float(self.factor))} * {self._p99(BASELINE)}"
@@ -77,4 +79,4 @@ class LatencySpikeAlert(AlertBase):
         training = promtool.base_labels(spec)
         inputs.append({"series": f"verl_training_step{{{matchers_text(training)}}}", "values": f"0+1x{n - 1}"})
         return promtool.group(spec, self, inputs, shift - 5, fire_at, {"job": training["job"], **replica},
-                              lo + (hi - lo) * QUANTILE)
+                              lo + (hi - lo) * float(self.quantile))

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..rules import TEMPLATE_RE, duration_seconds, equality_matchers, fill_test_text
+from ..rules import TEMPLATE_RE, duration_seconds, equality_matchers, fill_test_codes, fill_test_text
 from .promql import keeps_label, selector_labels
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any], later: int = 
     ``later``: minutes the kind's knobs move the condition's onset on these series (a stall's limits), moved
     alike.
     """
-    knobs = alert.knob_values()
+    knobs, codes = alert.knob_values(), alert.code_values()
     silent_at, fire_at = _minutes(t["silent_at"]), _minutes(t["fire_at"])
     delta = (duration_seconds(alert.for_) - duration_seconds(alert.base_for)) // 60 + later
     # The spec's tests are written for job="verl"; a series of a target gets the selector's labels instead.
@@ -133,7 +133,7 @@ def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any], later: int = 
             m = _SERIES_RE.match(str(s["series"]).strip())
             counter = m is not None and m.group(1).endswith("_total")
             values = series_text(hold_at(expand_series(values), fire_at, delta, counter))
-        input_series.append({"series": _retarget(str(s["series"]), sel), "values": values})
+        input_series.append({"series": _retarget(fill_test_codes(str(s["series"]), codes), sel), "values": values})
     value = float(fill_test_text(str(t.get("value", 0.0)), knobs))
     silent: int | None = silent_at
     if delta < 0:
@@ -141,7 +141,7 @@ def explicit_case(spec: Spec, alert: AlertBase, t: dict[str, Any], later: int = 
     else:
         value += delta * float(fill_test_text(str(t.get("value_slope", 0.0)), knobs))
         fire_at += delta
-    labels = {str(k): str(v) for k, v in t.get("labels", {}).items()}
+    labels = {str(k): fill_test_codes(str(v), codes) for k, v in t.get("labels", {}).items()}
     expr = alert.promql(spec.rules.selector)
     if expr.startswith("absent("):  # absent() keeps the equality matchers of its selector, nothing else
         labels = {k: v for k, v in labels.items() if k not in ("job", *sel)}

@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
-
 from ..rules import Number, Param, equality_matchers
 from . import promtool
-from .base import AlertBase, register
+from .base import AlertBase, knob_field, register
 from .promql import num, vector
 from .threshold import metric_labels
 
@@ -21,11 +19,11 @@ if TYPE_CHECKING:
 class StaleAlert(AlertBase):
     kind: Literal["stale"] = "stale"
     on_entry = True
-    threshold: Number = Field(description="seconds")
+    threshold: Number = knob_field(meaning="how old the unix-time gauge may get", unit="seconds", min=0)
     matchers: str = ""
 
     def knobs(self) -> dict[str, Param]:
-        return {"threshold": Param(value=float(self.threshold), op=">", min=0)}
+        return {"threshold": self.field_knob("threshold")}
 
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
         return {"threshold": values["threshold"]} if "threshold" in values else {}

@@ -17,7 +17,7 @@ from pydantic import Field
 from ...core.detect import Stat
 from ..rules import Number, Param, fill_test_text
 from . import promtool
-from .base import AlertBase, StepView, WithTest, register
+from .base import AlertBase, StepView, WithTest, knob_field, register
 from .promql import JOIN, num, vector
 
 if TYPE_CHECKING:
@@ -30,11 +30,16 @@ MIN_SECONDS = 1.0
 KNOBS = ("factor", "at_least", "before_baseline")
 
 
-def _knob(value: float, minimum: float) -> Param:
-    """A limit as a knob with its range (an overrides file is held to it). Its value is echoed unchecked: the
-    spec's keys were checked against the same bound when it was read, and a copy made off it on purpose (the
-    demo's compressed clock, tools/demo_stack.py compress_stalls) must still render."""
-    return Param.model_construct(value=float(value), op=">", min=minimum)
+def _knob(name: str, value: float) -> Param:
+    """A limit as a knob, its unit, meaning and range from its knob_field (an overrides file is held to the
+    range). Its value is echoed unchecked: the spec's keys were checked against the same bound when it was read,
+    and a copy made off it on purpose (the demo's compressed clock, tools/demo_stack.py compress_stalls) must
+    still render."""
+    field = StallAlert.model_fields[name]
+    extra = field.json_schema_extra
+    decl = extra["knob"] if isinstance(extra, dict) and isinstance(extra.get("knob"), dict) else {}
+    return Param.model_construct(value=float(value), op=">", unit=decl["unit"], meaning=field.description,
+                                 min=decl["min"], max=None, quantity=None)
 
 
 @register
@@ -43,17 +48,18 @@ class StallAlert(WithTest, AlertBase):
     on_entry = True
     signal: str = Field(description="the step-time signal (detect:) whose statistic is the run's pace")
     stat: Stat = Field(description="window_max (the longest recent step) or level (the usual one)")
-    factor: Number = Field(ge=MIN_FACTOR, description="how many times that statistic the run may go without a step")
-    at_least: Number = Field(ge=MIN_SECONDS, description="seconds: the limit's floor")
-    before_baseline: Number | None = Field(None, ge=MIN_SECONDS,
-                                           description="seconds: the limit while the signal has no baseline yet "
-                                                       "(none: no alert then)")
+    factor: Number = knob_field(meaning="how many times that statistic the run may go without a step",
+                                unit="factor", min=MIN_FACTOR)
+    at_least: Number = knob_field(meaning="the limit's floor: no stall is called sooner", unit="seconds",
+                                  min=MIN_SECONDS)
+    before_baseline: Number | None = knob_field(None, meaning="the limit while the signal has no baseline yet "
+                                                "(none: no alert then)", unit="seconds", min=MIN_SECONDS)
     explicit_test = True
 
     def knobs(self) -> dict[str, Param]:
-        out = {"factor": _knob(self.factor, MIN_FACTOR), "at_least": _knob(self.at_least, MIN_SECONDS)}
+        out = {"factor": _knob("factor", self.factor), "at_least": _knob("at_least", self.at_least)}
         if self.before_baseline is not None:  # none is no clause, not a number to move
-            out["before_baseline"] = _knob(self.before_baseline, MIN_SECONDS)
+            out["before_baseline"] = _knob("before_baseline", self.before_baseline)
         return out
 
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:

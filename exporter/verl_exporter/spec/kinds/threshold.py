@@ -10,7 +10,7 @@ from pydantic import Field
 
 from ..rules import Number, Op, Param
 from . import promtool
-from .base import AlertBase, StepView, register
+from .base import AlertBase, StepView, knob_field, register
 from .promql import num, vector
 
 if TYPE_CHECKING:
@@ -45,13 +45,13 @@ class ThresholdAlert(AlertBase):
     kind: Literal["threshold"] = "threshold"
     on_entry = True
     op: Op = ">"
-    threshold: Number = Field(description="the line")
+    threshold: Number = knob_field(meaning="the line the series (or its aggregate) crosses", unit=None, op=None)
     matchers: str = ""
     aggregate: str = ""
     test: dict[str, Any] | None = Field(None, description="ok and bad: the values the test uses")
 
     def knobs(self) -> dict[str, Param]:
-        return {"threshold": Param(value=float(self.threshold), op=self.op)}
+        return {"threshold": self.field_knob("threshold", op=self.op, unit=self.metric_unit)}
 
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
         return {"threshold": values["threshold"]} if "threshold" in values else {}

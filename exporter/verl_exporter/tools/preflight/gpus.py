@@ -5,7 +5,8 @@ alerts the spec declares on those collectors' metrics, so a pre-flight fails on 
   on each GPU's sample;
 - uncorrectable ECC and throttling at idle are judged on the series VerlGPUUncorrectableECC and
   VerlGPUThermalThrottling select (their label matchers, read from their expressions);
-- a critical XID (the codes VerlGPUXidCritical selects) in the kernel log within the knob xid_lookback fails.
+- a critical XID (the code set VerlGPUXidCritical selects, codes.critical_xids, overrides included) in the kernel
+  log within the knob xid_lookback fails.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def matchers(spec: Spec, alert_name: str) -> tuple[str, dict[str, set[str]]]:
     if m is None:
         raise ValueError(f"{alert_name} selects no <metric>{{...}} series")
     return alert.metric, {k: set(v.split("|")) for k, _, v in _MATCHER.findall(m.group(1))}
+
+
+def critical_xids(spec: Spec) -> set[str]:
+    """The XIDs VerlGPUXidCritical pages on: the code set(s) it reads, as its spec (overrides applied) binds them."""
+    alert = next(a for a in spec.alerts() if a.alert == XID_ALERT)
+    return {str(c) for codes in alert.code_values().values() for c in codes}
 
 
 class _GpuView:
@@ -121,8 +128,7 @@ def check(o: Options) -> list[Finding]:
 
 def _xids(o: Options, pci_to_gpu: dict[tuple[int, int] | None, str]) -> list[Finding]:
     """A critical XID in the kernel log (/dev/kmsg records: 'prio,seq,usec,flags;text') within xid_lookback."""
-    _, want = matchers(o.spec, XID_ALERT)
-    codes = want.get("xid", set())
+    codes = critical_xids(o.spec)
     lookback = duration_seconds(o.knobs.xid_lookback)
     try:
         with open(os.path.join(o.procfs, "uptime"), encoding="ascii") as f:
