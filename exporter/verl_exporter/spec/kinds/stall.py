@@ -17,7 +17,7 @@ from pydantic import Field
 from ...core.detect import Stat
 from ..rules import Number, Param, fill_test_text
 from . import promtool
-from .base import AlertBase, StepView, WithTest, knob_field, register
+from .base import AlertBase, StepView, WithTest, field_knob_of, knob_field, register
 from .promql import JOIN, num, vector
 
 if TYPE_CHECKING:
@@ -35,11 +35,8 @@ def _knob(name: str, value: float) -> Param:
     range). Its value is echoed unchecked: the spec's keys were checked against the same bound when it was read,
     and a copy made off it on purpose (the demo's compressed clock, tools/demo_stack.py compress_stalls) must
     still render."""
-    field = StallAlert.model_fields[name]
-    extra = field.json_schema_extra
-    decl = extra["knob"] if isinstance(extra, dict) and isinstance(extra.get("knob"), dict) else {}
-    return Param.model_construct(value=float(value), op=">", unit=decl["unit"], meaning=field.description,
-                                 min=decl["min"], max=None, quantity=None)
+    floor = MIN_FACTOR if name == "factor" else MIN_SECONDS
+    return field_knob_of(StallAlert, name, floor).model_copy(update={"value": float(value)})
 
 
 @register
