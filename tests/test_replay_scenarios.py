@@ -123,3 +123,36 @@ def test_the_breaker_trips_if_and_only_if_the_pack_pages_critical(profile, fault
     assert a.agrees, a
     if fault is None:
         assert a.trip is None and a.page is None
+
+
+# ---------------------------------------------------------------------------------------------- evaluations
+VAL_KEY = f"val-core/{rp.VAL_TAG}/reward/mean@4"
+
+
+def with_validation(scores: dict[int, float], steps: int = 160) -> list[dict]:
+    """A healthy PPO run logging every key, its validation score (every rp.VAL_EVERY steps) set at some steps."""
+    lines = rp.simulate("ppo", steps=steps, every_key=True)
+    for line in lines:
+        if line["step"] in scores:
+            line["data"][VAL_KEY] = scores[line["step"]]
+    return lines
+
+
+def score_drop_steps(lines: list[dict], rules: str = str(RULES)) -> list[int]:
+    samples = rp.replay(lines)
+    fired = rp.evaluate(samples, rules, promtool=require_tool("promtool"))
+    return [rp.step_at(samples, f.minute) for f in fired if f.alert == "VerlValidationScoreDrop"]
+
+
+# Issue 37, through the whole sidecar (the follower sees the key arrive at each evaluation): the score falls at
+# step 100 and the next evaluations repeat exactly the same value, or it collapses to 0.0 and stays.
+@pytest.mark.parametrize("low", [0.3, 0.0], ids=["repeats-its-value", "falls-to-zero"])
+def test_a_validation_score_that_falls_and_repeats_its_value_warns_at_its_second_low_evaluation(low):
+    lines = with_validation({100: low, 120: low, 140: low, 160: low})
+    fired = score_drop_steps(lines)
+    assert fired and 120 <= fired[0] <= 121, fired  # the scrape after step 120 (a minute: two 30-s steps)
+
+
+def test_a_single_low_evaluation_taken_back_by_the_next_is_silent():
+    lines = with_validation({100: 0.2})  # the evaluations at 120 and after are the run's own (~0.5)
+    assert score_drop_steps(lines) == []

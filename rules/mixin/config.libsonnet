@@ -40,7 +40,7 @@
       VerlRolloutISEffectiveSampleSizeLow: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"threshold": 0.5}},
       VerlFullyAsyncStaleSamplesDropped: {"enabled": true, "severity": "warning", "for": "10m", "labels": {}, "thresholds": {}},
       VerlFullyAsyncTrainerIdle: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"threshold": 0.5}},
-      VerlValidationScoreDrop: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {}},
+      VerlValidationScoreDrop: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"drop": 0.2, "evaluations": 2.0}},
       VerlGPULost: {"enabled": true, "severity": "critical", "for": "1m", "labels": {}, "thresholds": {"threshold": 1.0}},
       VerlGPUIdleWhileTraining: {"enabled": true, "severity": "warning", "for": "15m", "labels": {}, "thresholds": {}},
       VerlStragglerRank: {"enabled": true, "severity": "warning", "for": "15m", "labels": {}, "thresholds": {}},
