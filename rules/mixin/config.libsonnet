@@ -16,7 +16,7 @@
       VerlPPOKLSpike: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"k": 6.0, "change": 1.0}},
       VerlHighKLDivergence: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"kl_loss": 0.2, "kl_penalty": 1.0}},
       VerlKLDivergenceVeryHigh: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"kl_loss": 0.8, "kl_penalty": 4.0}},
-      VerlKLDrift: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"k": 5.0, "change": 1.0}},
+      VerlKLDrift: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"k": 5.0, "change": 1.0, "rise": 0.05}},
       VerlCriticOverfitting: {"enabled": true, "severity": "warning", "for": "30m", "labels": {}, "thresholds": {}},
       VerlPPOClipFractionHigh: {"enabled": true, "severity": "warning", "for": "0m", "labels": {}, "thresholds": {"threshold": 0.3}},
       VerlNonFiniteGradNorm: {"enabled": true, "severity": "critical", "for": "0m", "labels": {}, "thresholds": {}},
