@@ -98,7 +98,7 @@ local alerts = [
     alert: "VerlGradNormGrowing",
     labels: {"team": "training"},
     knobs: {"ratio": 3.0},
-    texts(v, t):: { expr: "verl_detector_level{signal=\"grad_norm\", " + v["selector"] + "} > " + v["knob.ratio"] + " * verl_detector_trailing_floor{signal=\"grad_norm\", " + v["selector"] + "}", summary: "The actor's gradient norm has grown to " + v["knob.ratio"] + " times its lowest running level of the recent steps.", description: "The running level (median of 5 steps) of actor/grad_norm on run {{ $labels.run }} is {{ $value | printf \"%.3g\" }}, over " + v["knob.ratio"] + " times its lowest level of the recent steps.", runbook_url: v["runbook_url"] + "#verlgradnormgrowing" },
+    texts(v, t):: { expr: "verl_detector_level{signal=\"grad_norm\", " + v["selector"] + "} > " + v["knob.ratio"] + " * verl_detector_trailing_floor{signal=\"grad_norm\", " + v["selector"] + "}", summary: "The actor's gradient norm has grown to " + v["knob.ratio"] + " times its lowest running level of the recent steps.", description: "The running level (median of 7 steps) of actor/grad_norm on run {{ $labels.run }} is {{ $value | printf \"%.3g\" }}, over " + v["knob.ratio"] + " times its lowest level of the recent steps.", runbook_url: v["runbook_url"] + "#verlgradnormgrowing" },
   },
   {
     group: "verl-exporter.training",
