@@ -263,6 +263,8 @@ def cadence_steps(spec, alert: Alert) -> tuple[int, float]:
         if name not in spec:
             continue
         m = spec[name]
+        if m.events:  # the arrivals of another metric's series change as often as it does
+            m = spec[m.events.of]
         if m.collector == "checkpoint":
             steps, extra = max(steps, rp.SAVE_EVERY), nodes.CHECKPOINT_GRACE_S
         elif any(s.pattern.startswith("val-") for s in m.source):

@@ -28,15 +28,17 @@ def restart_values(before: list[float], down_minutes: int, after: list[float]) -
     return [*before, "stale", *[None] * (down_minutes - 1), *after]
 
 
-def firing_minutes(tmp_path: Path, series: str, values: list, expr: str, minutes) -> list[int]:
-    """The minutes (among `minutes`) at which expr returns anything for this one input series."""
+def firing_minutes(tmp_path: Path, series: str, values: list, expr: str, minutes,
+                   more: dict[str, list] | None = None) -> list[int]:
+    """The minutes (among `minutes`) at which expr returns anything for this input series (and `more`: other
+    series -> their values)."""
     promtool = require_tool("promtool")
-    text = " ".join("_" if v is None else str(v) for v in values)
+    inputs = [{"series": name, "values": " ".join("_" if v is None else str(v) for v in vals)}
+              for name, vals in {series: values, **(more or {})}.items()]
     # One test file, one case per minute, each expecting nothing; promtool names the cases that got something.
     cases = [{"expr": f"count({expr})", "eval_time": f"{m}m", "exp_samples": []} for m in minutes]
     test = {"evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": [{"series": series, "values": text}],
-                       "promql_expr_test": cases}]}
+            "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": cases}]}
     path = tmp_path / "replay-test.yaml"
     path.write_text(yaml.safe_dump(test, sort_keys=False))
     result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)

@@ -21,7 +21,7 @@ PACKAGED_SPEC = Path(spec_pkg.__file__).parent / DEFAULT_SPEC
 def test_the_spec_bug_it_would_have_caught(tmp_path):
     anchor = "        inhibits: [VerlRewardDrop, VerlRewardDecline, VerlAnswersCollapsed]\n"
     shutil.copytree(PACKAGED_SPEC, tmp_path / "spec")
-    (path,) = [p for p in (tmp_path / "spec").glob("*.yaml") if anchor in p.read_text(encoding="utf-8")]
+    (path,) = [p for p in (tmp_path / "spec").rglob("*.yaml") if anchor in p.read_text(encoding="utf-8")]
     text = path.read_text(encoding="utf-8")
     assert text.count(anchor) == 1
     first_line = text[: text.index(anchor)].count("\n") + 1

@@ -36,6 +36,17 @@ def test_logged_values_are_on_the_endpoint_at_the_next_scrape(monitor):
     assert sample(m, "verl_exporter_lines_parsed_total", source="monitor") == 1
 
 
+def test_validation_keys_logged_in_process_are_evaluations_as_in_the_follower(monitor):
+    """Issue 37: the in-process path counts evaluations through the same store as the file follower."""
+    for step in (10, 20):
+        monitor.log({"val-core/openai/gsm8k/reward/mean@4": 0.0, "actor/lr": 1.0}, step=step)
+        monitor.log({"actor/lr": 1.0}, step=step + 1)
+    m = scrape(monitor)
+    labels = {"kind": "core", "data_source": "openai/gsm8k", "variable": "reward", "stat": "mean@4"}
+    assert sample(m, "verl_validation_evaluations_total", **labels) == 2
+    assert sample(m, "verl_validation_last_evaluation_step", **labels) == 20
+
+
 def test_the_caller_may_mutate_its_dict_after_log(monitor):
     data = {"actor/lr": 1.0}
     monitor.log(data, step=1)

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.control import CONTROL_REQUESTS
-from verl_exporter.sidecar.progress import STATE_NAME, Progress, ProgressState
-from verl_exporter.sidecar.sources.verl_file import SOURCE_RESETS
+from verl_exporter.sidecar.progress import MAX_STATE_BYTES, STATE_NAME, Progress, ProgressState
+from verl_exporter.sidecar.sources.verl_file import SOURCE_RESETS, VerlFileFollower
 from verl_exporter.sidecar.store import TrainingStore
 from verl_exporter.spec import load_spec
 
@@ -105,6 +105,51 @@ def test_a_stop_accepted_by_the_control_endpoint_is_kept_until_the_trainer_resta
     store, metrics = _parts()  # a new trainer (resumed) was not asked to stop
     Progress(str(tmp_path), store, metrics, trainer_pid=222)
     assert metrics.value("verl_run_stop_requested") == 0
+
+
+VAL = "val-core/openai/gsm8k/reward/mean@4"
+GSM8K = ("core", "openai/gsm8k", "reward", "mean@4")
+
+
+def _events(store) -> dict[str, dict[tuple[str, ...], float]]:
+    return {m.name: rows for m, rows in store.series() if m.events}
+
+
+def _follow(path, state_dir, now):
+    """A sidecar's store, progress and follower over one log; the follower has read what the file holds."""
+    store, metrics = _parts()
+    p = Progress(str(state_dir), store, metrics)
+    follower = VerlFileFollower(str(path), store, metrics, clock=lambda: now)
+    follower.poll()
+    p.update()
+    return store, metrics, p, follower
+
+
+def test_evaluations_survive_a_sidecar_restart_and_the_recovered_tail_counts_none_twice(tmp_path):
+    """Issue 37: the evaluation counter goes on across a sidecar restart; a counter back at what the recovered
+    tail holds would read as new evaluations to increase()."""
+    log = tmp_path / "run.jsonl"
+
+    def write(steps, mode="ab"):
+        with open(log, mode) as f:
+            for s in steps:
+                data = {"actor/grad_norm": 0.4, **({VAL: 0.0} if s % 10 == 0 else {})}
+                f.write(json.dumps({"step": s, "data": data}).encode() + b"\n")
+
+    write(range(1, 31), "wb")
+    store, _, p, follower = _follow(log, tmp_path / "state", now=1000.0)
+    write(range(31, 41))  # steps 31-40, seen live
+    follower.poll()
+    p.stop()
+    assert _events(store)["verl_validation_evaluations_total"] == {GSM8K: 4}
+    store, metrics, p, follower = _follow(log, tmp_path / "state", now=2000.0)  # a new sidecar, the same log
+    events = _events(store)
+    assert events["verl_validation_evaluations_total"] == {GSM8K: 4}
+    assert events["verl_validation_last_evaluation_step"] == {GSM8K: 40}
+    write(range(41, 51))
+    follower.poll()
+    assert _events(store)["verl_validation_evaluations_total"] == {GSM8K: 5}
+    assert metrics.value("verl_exporter_source_errors_total", component="progress") == 0
 
 
 def test_a_broken_state_file_starts_again(tmp_path):
@@ -206,12 +251,19 @@ def test_real_sidecar_a_stop_through_the_control_endpoint_is_a_stop_request(tmp_
 
 
 # A state file is read back as hostile input: each wrong field costs only itself, the sidecar always starts.
+EVENT = {"metric": "verl_validation_evaluations_total", "labels": list(("core", "openai/gsm8k", "reward", "mean@4")),
+         "count": 3, "step": 30.0, "time": 1000.0, "mark": 30.0}
 BAD_FIELDS = [
     ("restarts", None), ("restarts", -3), ("restarts", "2"), ("restarts", 1.5), ("restarts", True),
     ("restarts_without_progress", [1]), ("redone_steps", {"a": 1}), ("redone_steps", -1.0),
     ("max_step", "abc"), ("max_step", [1]), ("max_step", float("inf")), ("max_step", float("nan")),
     ("max_step", -5), ("max_step", 2.5), ("last_step", "x"), ("trainer_pid", "12"), ("trainer_pid", -1),
     ("stop_requested", "yes"), ("awaiting_resume", 1), ("unknown_key", 1),
+    ("events", {"a": 1}), ("events", [1]), ("events", [{**EVENT, "count": 0}]), ("events", [{**EVENT, "count": 2.5}]),
+    ("events", [{**EVENT, "step": -1}]), ("events", [{**EVENT, "time": float("nan")}]),
+    ("events", [{**EVENT, "mark": float("inf")}]), ("events", [{**EVENT, "labels": ["x" * 129] * 4}]),
+    ("events", [{**EVENT, "labels": "core"}]), ("events", [{**EVENT, "labels": ["a\udcff"] * 4}]),
+    ("events", [{**EVENT, "extra": 1}]), ("events", [EVENT] * 1001),
 ]
 
 
@@ -227,10 +279,27 @@ def test_a_wrong_field_in_the_state_file_is_dropped_and_counted_the_rest_is_kept
                          ("restarts_without_progress", "verl_run_restarts_without_progress")):
         assert metrics.value(metric) == kept.get(name, 0)
     assert metrics.value("verl_exporter_source_errors_total", component="progress") == 1
+    assert not _events(store)["verl_validation_evaluations_total"]
     _step(store, 50, 1.0)
     p.update()
     saved = json.loads((tmp_path / STATE_NAME).read_text())
     assert saved["max_step"] == 50 and saved.get(field) != value
+
+
+@pytest.mark.parametrize("entry", [
+    {**EVENT, "metric": "verl_no_such_metric"}, {**EVENT, "metric": "verl_actor_grad_norm"},
+    {**EVENT, "labels": ["core", "gsm8k"]}, {**EVENT, "labels": ["core", "a\nb", "reward", "mean@4"]},
+    {**EVENT, "mark": 31.0},
+], ids=["unknown-metric", "not-watched", "labels-short", "control-char", "mark-past-step"])
+def test_an_evaluation_record_that_fits_no_series_is_left_out_and_counted(tmp_path, entry):
+    entry = {**entry, "metric": entry["metric"].replace("verl_validation_evaluations_total", "verl_validation_score")}
+    good = {**EVENT, "metric": "verl_validation_score", "labels": ["core", "ok", "reward", "mean@4"]}
+    (tmp_path / STATE_NAME).write_text(json.dumps({"max_step": 40.0, "events": [entry, good]}))
+    store, metrics = _parts()
+    Progress(str(tmp_path), store, metrics)
+    assert _events(store)["verl_validation_evaluations_total"] == {("core", "ok", "reward", "mean@4"): 3}
+    assert metrics.value("verl_exporter_source_errors_total", component="progress") == 1
+    assert metrics.value("verl_run_max_step") == 40
 
 
 @pytest.mark.parametrize("text", ["1e400", "[1, 2]", "null", '"text"', "[" * 100000 + "]" * 100000,
@@ -248,7 +317,7 @@ def test_a_state_file_that_is_no_state_is_set_aside_and_the_sidecar_starts(tmp_p
 
 
 def test_a_state_file_larger_than_any_state_is_not_read_whole(tmp_path):
-    (tmp_path / STATE_NAME).write_text('{"max_step": 4, "pad": "' + "x" * (2 * 1024 * 1024) + '"}')
+    (tmp_path / STATE_NAME).write_text('{"max_step": 4, "pad": "' + "x" * MAX_STATE_BYTES + '"}')
     store, metrics = _parts()
     Progress(str(tmp_path), store, metrics)
     assert metrics.value("verl_exporter_source_errors_total", component="progress") == 1
@@ -261,7 +330,8 @@ json_values = st.recursive(
     max_leaves=8)
 FIELDS = sorted(ProgressState.model_fields)
 GOOD_STATE = json.dumps({"last_step": 30.0, "max_step": 40.0, "restarts": 2, "restarts_without_progress": 1,
-                         "redone_steps": 3.0, "trainer_pid": 7, "stop_requested": True}).encode()
+                         "redone_steps": 3.0, "trainer_pid": 7, "stop_requested": True,
+                         "events": [{**EVENT, "metric": "verl_validation_score"}]}).encode()
 
 
 def _starts_and_keeps_going(tmp_path, raw: bytes) -> None:
@@ -270,6 +340,9 @@ def _starts_and_keeps_going(tmp_path, raw: bytes) -> None:
     p = Progress(str(tmp_path), store, metrics, trainer_pid=7)
     exported = {name: v for name, series in metrics.snapshot().items() for v in series.values()}
     assert all(math.isfinite(v) and v >= 0 for v in exported.values())
+    counted = [v for rows in _events(store).values() for v in rows.values()]
+    assert all(math.isfinite(v) and v >= 0 for v in counted)
+    store.render()  # whatever labels were restored can be exposed
     _step(store, 41, 1.0)
     p.update()
     store, again = _parts()  # what the sidecar wrote back is read without a problem
@@ -282,6 +355,23 @@ def _starts_and_keeps_going(tmp_path, raw: bytes) -> None:
 @given(st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), json_values, max_size=8))
 def test_any_json_object_as_the_state_file_starts_the_sidecar(tmp_path, doc):
     _starts_and_keeps_going(tmp_path, json.dumps(doc).encode())
+
+
+# evaluation records whose every field may be anything, or one of the values near a bound
+edge = st.sampled_from([0, -1, 1, 2**53, 2**53 + 1, 0.5, float("inf"), float("nan"), -0.0, 1e308, "1", None, True])
+labels = st.lists(st.sampled_from(["core", "openai/gsm8k", "reward", "mean@4", "", "x" * 128, "x" * 129, "\udcff",
+                                   "\x00", "a\nb", "\u00e9"]), max_size=6)
+event_entries = st.fixed_dictionaries(
+    {"metric": st.sampled_from(["verl_validation_score", "verl_actor_grad_norm", "x", 1]),
+     "labels": labels | json_values, "count": edge | json_values, "step": edge, "time": edge, "mark": edge},
+    optional={"extra": json_values})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(event_entries, max_size=5), st.booleans())
+def test_any_evaluation_records_in_the_state_file_start_the_sidecar(tmp_path, entries, with_good):
+    good = [{**EVENT, "metric": "verl_validation_score"}] if with_good else []
+    _starts_and_keeps_going(tmp_path, json.dumps({"max_step": 40.0, "events": entries + good}).encode())
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

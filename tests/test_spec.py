@@ -43,6 +43,14 @@ def test_good_doc_parses():
     assert m.labels == ("phase",) and m.source[0].compiled.fullmatch("timing_s/gen")
 
 
+def test_an_events_entry_has_the_labels_and_the_cap_of_the_metric_it_watches():
+    doc = good_doc()
+    doc["metrics"][0]["max_series"] = 7
+    spec = parse_spec(_events()(doc))
+    assert [m.name for m in spec.events()] == ["verl_e_total"]
+    assert spec["verl_e_total"].max_series == 7 and str(spec["verl_e_total"].events) == "count of verl_x_seconds"
+
+
 def test_the_spec_is_immutable_and_a_copy_is_indexed_by_its_own_metrics():
     """Spec caches its index by name: a model_copy with other metrics must not answer from the original's."""
     spec = parse_spec(good_doc())
@@ -65,6 +73,13 @@ def _mutate(path, value):
             target[path[-1]] = value
         return doc
     return apply
+
+
+def _events(of="verl_x_seconds", labels=("phase",), record="count", name="verl_e_total", type="counter", **more):
+    """A mutation adding an `events:` entry."""
+    entry = {"name": name, "type": type, "help": "E.", "layer": "data", "labels": list(labels),
+             "events": {"of": of, "record": record}, **more}
+    return lambda d: {**d, "metrics": d["metrics"] + [entry]}
 
 
 DELETE = object()
@@ -135,6 +150,17 @@ BAD_CASES = [
     ("timestamp counter", lambda d: {**d, "metrics": d["metrics"] + [
         {"name": "verl_t_timestamp_seconds_total", "type": "counter", "unit": "seconds", "help": "T.",
          "layer": "data", "collector": "x"}]}, "must be a gauge"),
+    ("events of an unknown metric", _events("verl_nope"), "metrics.4.events.of: 'verl_nope' is not a metric of the "
+     "spec fed by verl keys"),
+    ("events of a metric no key feeds", _events("verl_y"), "'verl_y' is not a metric of the spec fed by verl keys"),
+    ("events with other labels", _events(labels=["stat"]), "metrics.4.events.of: its labels ['stat'] must be those "
+     "of verl_x_seconds"),
+    ("events with their own cap", _events(max_series=5), "its max_series 5 must be that of verl_x_seconds (64)"),
+    ("a count of events as a gauge", _events(type="gauge", name="verl_e"), "metrics.4: events of "
+     "record 'count' are a counter, not a gauge"),
+    ("an unknown record", _events(record="rate"), "metrics.4.events.record: must be one of"),
+    ("the same events twice", lambda d: _events(name="verl_f_total")(_events()(d)), "the count of verl_x_seconds's "
+     "events is already 'verl_e_total'"),
 ]
 
 

@@ -36,7 +36,7 @@ KIND_MODULES = [importlib.import_module(f"{K.__name__}.{m.name}") for m in pkgut
 BASE = importlib.import_module(f"{K.__name__}.base")
 # The models the runtime reads as they are (the file's shape is their shape): the spec's, every alert kind and
 # its parts, panels and knobs.
-MODELS = (S.Spec, S.MetricSpec, S.SourceRule, S.RecordingEntry, S.RulesConfig, S.Defaults, *K.KINDS.values(),
+MODELS = (S.Spec, S.MetricSpec, S.SourceRule, S.RecordingEntry, S.Events, S.RulesConfig, S.Defaults, *K.KINDS.values(),
           detector.Confirm, condition.Term, condition.Compare, condition.AllOf, condition.AnyOf, P.Panel, R.Param,
           SignalSpec, R.Notice, R.CodeSet)
 MIXINS = (K.AlertBase, BASE.WithParams, BASE.WithTest)  # their fields are walked through the kinds using them

@@ -176,4 +176,56 @@ def test_the_longest_accepted_names_keep_a_scrape_bounded(parts):
         label = f"{i:04d}" + "d" * (MAX_LABEL_LENGTH - 4)
         store.ingest(i, {name: 1.0, f"val-core/{label}/reward/mean@1": 0.5}, float(i))
     text = generate_latest(registry).decode()
-    assert len(text) < 200_000
+    # ~45 KB for the validation family at its cap, and as much for each of its three evaluation-event families
+    assert len(text) < 250_000
+
+
+# ---------------------------------------------------------------------------------------------- evaluation events
+VAL = "val-core/openai/gsm8k/reward/mean@4"
+GSM8K = {"kind": "core", "data_source": "openai/gsm8k", "variable": "reward", "stat": "mean@4"}
+
+
+def evaluations(registry, **labels):
+    m = scrape(registry)
+    return (sample(m, "verl_validation_evaluations_total", **labels),
+            sample(m, "verl_validation_last_evaluation_step", **labels),
+            sample(m, "verl_validation_last_evaluation_timestamp_seconds", **labels))
+
+
+def test_each_step_a_validation_key_arrives_at_is_an_evaluation_even_with_the_value_unchanged(parts):
+    """Issue 37: a score that falls and repeats exactly the same value is a gauge that does not move; the
+    counter shows both evaluations."""
+    store, _, registry = parts
+    store.ingest(5, {"actor/lr": 1.0}, 50.0)
+    assert sample(scrape(registry), "verl_validation_evaluations_total", **GSM8K) is None  # none yet
+    store.ingest(10, {VAL: 0.0, "actor/lr": 1.0}, 100.0)
+    store.ingest(11, {"actor/lr": 1.0}, 110.0)
+    store.ingest(20, {VAL: 0.0}, 200.0)
+    assert evaluations(registry, **GSM8K) == (2, 20, 200.0)
+    store.ingest(21, {VAL: None}, 210.0)  # a NaN score is still an evaluation (NaN is the nonfinite alerts')
+    assert evaluations(registry, **GSM8K)[0] == 3
+
+
+def test_a_repeated_line_counts_once_and_a_resumed_run_counts_its_evaluations_again(parts):
+    store, _, registry = parts
+    store.ingest(10, {VAL: 0.5}, 100.0)
+    store.ingest(10, {VAL: 0.5}, 101.0)  # the same step again (a duplicate line)
+    store.ingest(20, {VAL: 0.5}, 200.0)
+    assert evaluations(registry, **GSM8K) == (2, 20, 200.0)
+    store.ingest(15, {"actor/lr": 1.0}, 300.0)  # resumed from the checkpoint at step 14
+    assert evaluations(registry, **GSM8K) == (2, 20, 200.0)  # the last evaluation stays what it was
+    store.ingest(20, {VAL: 0.4}, 400.0)  # step 20 evaluated again, by the resumed run
+    assert evaluations(registry, **GSM8K) == (3, 20, 400.0)
+
+
+def test_evaluation_events_have_the_series_of_the_scores_and_their_cap(parts):
+    store, sm, registry = parts
+    cap = load_spec()["verl_validation_score"].max_series
+    store.ingest(1, {f"val-core/ds{i}/reward/mean@4": 0.5 for i in range(cap + 7)}, 1.0)
+    store.ingest(2, {"val-aux/ds0/reward/std@4": 0.1, "val/test_score/old": 0.2}, 2.0)  # over the cap: dropped
+    m = scrape(registry)
+    scores = {k[1] for k in m if k[0] == "verl_validation_score"}
+    for name in ("verl_validation_evaluations_total", "verl_validation_last_evaluation_step",
+                 "verl_validation_last_evaluation_timestamp_seconds"):
+        assert {k[1] for k in m if k[0] == name} == scores
+    assert sm.value("verl_exporter_series_dropped_total", reason="series_cap") == 9

@@ -62,8 +62,8 @@ local alerts = [
     group: "verl-exporter.training",
     alert: "VerlKLDrift",
     labels: {"team": "training"},
-    knobs: {"k": 5.0, "change": 1.0},
-    texts(v, t):: { expr: "verl_detector_sustained_rise_zscore{signal=~\"kl_loss|kl_penalty\", " + v["selector"] + "} > " + v["knob.k"] + " and on (job, instance, run, rank, signal) verl_detector_relative_change{signal=~\"kl_loss|kl_penalty\", " + v["selector"] + "} > " + v["knob.change"], summary: "The KL to the reference model jumped far above its own trend.", description: "The KL to the reference ({{ $labels.signal }}) on run {{ $labels.run }} stayed {{ $value | printf \"%.1f\" }} spreads and over " + v["pct.change"] + "% above the trend of its previous 30 steps for 3 steps.", runbook_url: v["runbook_url"] + "#verlkldrift" },
+    knobs: {"k": 5.0, "change": 1.0, "rise": 0.05},
+    texts(v, t):: { expr: "verl_detector_sustained_rise_zscore{signal=~\"kl_loss|kl_penalty\", " + v["selector"] + "} > " + v["knob.k"] + " and on (job, instance, run, rank, signal) verl_detector_relative_change{signal=~\"kl_loss|kl_penalty\", " + v["selector"] + "} > " + v["knob.change"] + " and on (job, instance, run, rank, signal) verl_detector_held_min{signal=~\"kl_loss|kl_penalty\", " + v["selector"] + "} - verl_detector_expected{signal=~\"kl_loss|kl_penalty\", " + v["selector"] + "} > " + v["knob.rise"], summary: "The KL to the reference model jumped far above its own trend.", description: "The KL to the reference ({{ $labels.signal }}) on run {{ $labels.run }} stayed {{ $value | printf \"%.1f\" }} spreads, over " + v["pct.change"] + "% and over " + v["knob.rise"] + " above the trend of its previous 30 steps for 3 steps.", runbook_url: v["runbook_url"] + "#verlkldrift" },
   },
   {
     group: "verl-exporter.training",
@@ -98,7 +98,7 @@ local alerts = [
     alert: "VerlGradNormGrowing",
     labels: {"team": "training"},
     knobs: {"ratio": 3.0},
-    texts(v, t):: { expr: "verl_detector_level{signal=\"grad_norm\", " + v["selector"] + "} > " + v["knob.ratio"] + " * verl_detector_trailing_floor{signal=\"grad_norm\", " + v["selector"] + "}", summary: "The actor's gradient norm has grown to " + v["knob.ratio"] + " times its lowest running level of the recent steps.", description: "The running level (median of 5 steps) of actor/grad_norm on run {{ $labels.run }} is {{ $value | printf \"%.3g\" }}, over " + v["knob.ratio"] + " times its lowest level of the recent steps.", runbook_url: v["runbook_url"] + "#verlgradnormgrowing" },
+    texts(v, t):: { expr: "verl_detector_level{signal=\"grad_norm\", " + v["selector"] + "} > " + v["knob.ratio"] + " * verl_detector_trailing_floor{signal=\"grad_norm\", " + v["selector"] + "}", summary: "The actor's gradient norm has grown to " + v["knob.ratio"] + " times its lowest running level of the recent steps.", description: "The running level (median of 7 steps) of actor/grad_norm on run {{ $labels.run }} is {{ $value | printf \"%.3g\" }}, over " + v["knob.ratio"] + " times its lowest level of the recent steps.", runbook_url: v["runbook_url"] + "#verlgradnormgrowing" },
   },
   {
     group: "verl-exporter.training",
@@ -223,8 +223,8 @@ local alerts = [
     group: "verl-exporter.training",
     alert: "VerlValidationScoreDrop",
     labels: {"team": "training"},
-    knobs: {"drop": 0.2},
-    texts(v, t):: { expr: "verl_validation_score{kind=\"core\", " + v["selector"] + "} < max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h]) - " + v["knob.drop"] + " * abs(max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h])) and changes((verl_validation_score{kind=\"core\", " + v["selector"] + "} < max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h]) - " + v["knob.drop"] + " * abs(max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h])))[6h:1m]) > 0", summary: "A headline validation score fell over " + v["pct.drop"] + "% below its best of the last 6 hours on two evaluations.", description: "Validation {{ $labels.data_source }} {{ $labels.variable }} {{ $labels.stat }} on run {{ $labels.run }} is {{ $value | printf \"%.3g\" }}, over " + v["pct.drop"] + "% below its recent best on this evaluation and an earlier one.", runbook_url: v["runbook_url"] + "#verlvalidationscoredrop" },
+    knobs: {"drop": 0.2, "evaluations": 2.0},
+    texts(v, t):: { expr: "verl_validation_score{kind=\"core\", " + v["selector"] + "} < max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h]) - " + v["knob.drop"] + " * abs(max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h])) and changes((verl_validation_evaluations_total{kind=\"core\", " + v["selector"] + "} and verl_validation_score{kind=\"core\", " + v["selector"] + "} < max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h]) - " + v["knob.drop"] + " * abs(max_over_time(verl_validation_score{kind=\"core\", " + v["selector"] + "}[6h])))[6h:1m]) >= " + v["knob.evaluations"] + " - 1", summary: "A headline validation score fell over " + v["pct.drop"] + "% below its best of the last 6 hours on " + v["knob.evaluations"] + " evaluations.", description: "Validation {{ $labels.data_source }} {{ $labels.variable }} {{ $labels.stat }} on run {{ $labels.run }} is {{ $value | printf \"%.3g\" }}, over " + v["pct.drop"] + "% below its best of the last 6 hours, on this evaluation and on at least " + v["knob.evaluations"] + " in all.", runbook_url: v["runbook_url"] + "#verlvalidationscoredrop" },
   },
   {
     group: "verl-exporter.training",

@@ -48,7 +48,7 @@ def fed_by(m: Any) -> str:
         return "<br>".join(code(s.pattern) for s in m.source)
     feed = next(k for k in FEEDS if k != "source" and getattr(m, k))
     words = {"field": "the line's", "collector": "collector", "instrumented_by": "set by the", "scraped_from":
-             "scraped from"}
+             "scraped from", "events": "events:"}
     return f"{words[feed]} {code(getattr(m, feed))}"
 
 

@@ -8,6 +8,10 @@ A trainer restart is any of: the followed log truncated or replaced (the followe
 verl_exporter_source_resets_total going up), the logged step going below the last one seen, a --trainer-pid
 other than the one in the state file (a sidecar started again for a new trainer).
 
+The evaluations counted so far (sidecar/events.py: per validation series, how many, the last step and when) are
+kept there too, so that a restarted sidecar goes on counting instead of starting again from the recovered tail
+(a counter going back would read as new evaluations to Prometheus' increase()).
+
 A stop this sidecar's control endpoint accepted (the relay's stop action, a person's POST /control/stop) is kept
 in the state too, until the trainer restarts: a run that ends after it was asked to has not ended early.
 """
@@ -28,6 +32,7 @@ from pydantic import Field, PlainValidator
 from ..core.atomicfile import write_atomic
 from ..core.models import FileError, Pid, StrictModel, read_json, valid_fields
 from ..exposition.selfmetrics import SelfMetric, SelfMetrics
+from .events import EventState, EventStates
 from .store import as_step
 
 if TYPE_CHECKING:
@@ -49,7 +54,10 @@ log = logging.getLogger(__name__)
 
 STATE_NAME = "progress.json"
 REJECTED_SUFFIX = ".rejected"  # a state file that could not be used whole is kept beside it under this name
-MAX_STATE_BYTES = 65536  # the sidecar writes a few hundred bytes
+# The sidecar writes a few hundred bytes, and ~150 for each evaluated validation series it keeps: a run's few
+# dozen series stay far below this, and so do the 200 of the spec's cap with four label values of 128 characters
+# each, JSON-escaped at worst (~1.3 MB).
+MAX_STATE_BYTES = 4 * 1024 * 1024
 _MAX_COUNT = 2**53  # a count above this is no count of restarts (and a float no longer holds every integer)
 
 
@@ -76,6 +84,7 @@ class ProgressState(StrictModel):
     trainer_pid: Pid | None = None
     stop_requested: bool = False
     awaiting_resume: bool = False
+    events: EventStates | None = None  # the evaluations counted (sidecar/events.py), left out while there are none
 _RESETS = SelfMetric("verl_exporter_source_resets_total")
 _CONTROL = SelfMetric("verl_exporter_control_requests_total")
 
@@ -94,6 +103,12 @@ class Progress:
         self._interval = interval
         self._clock = clock
         self.state = self._load()
+        # before the follower recovers the log's tail: the evaluations in it that were counted stay counted
+        if self.state.get("events"):
+            left_out = store.restore_events([EventState.model_validate(e) for e in self.state["events"]])
+            if left_out:
+                self._self.problem("progress", "state", f"{self.path}: {left_out} evaluation record(s) of series "
+                                   "this spec does not export left out", expected=True)
         # the last step seen, kept across sidecar restarts: a recovered log below it is a trainer restart
         self._last_step: float | None = self.state.get("last_step")
         self._resets = self._resets_seen()
@@ -181,6 +196,11 @@ class Progress:
                 s["max_step"] = step
                 s["restarts_without_progress"] = 0
         self._last_step = s["last_step"] = step
+        events = self._store.events_state()
+        if events:
+            s["events"] = events
+        else:
+            s.pop("events", None)
         if json.dumps(s, sort_keys=True) != before:
             self._save()
         self._export()

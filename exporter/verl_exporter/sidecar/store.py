@@ -20,6 +20,7 @@ from ..core.detect import Detectors
 from ..exposition.encode import TextRenderer
 from ..exposition.selfmetrics import SelfMetric, SelfMetrics, describe
 from ..spec import MetricSpec, Spec
+from .events import EventState, SeriesEvents
 from .mapper import MAX_KEY_LENGTH, KeyMapper, Resolved, series_cap, unmapped_name
 
 VALUES_REJECTED = SelfMetric("verl_exporter_values_rejected_total")
@@ -117,6 +118,10 @@ class TrainingStore:
             "exposition", "family", f"family {name} left out of /metrics: {describe(e)}"))
         # Step-domain baselines of the spec's adaptive signals, exported as verl_detector_* gauges.
         self.detectors = Detectors.from_spec(spec)
+        # The steps at which the series of the metrics `events:` entries watch arrive (evaluations).
+        self._events = SeriesEvents(spec)
+        self._watched = self._events.watched
+        self._arrived: list[tuple[str, tuple[str, ...]]] = []  # watched series stored from the line being ingested
 
     # ------------------------------------------------------------------ writing
     def ingest(self, step: Any, data: Mapping[Any, Any], seen_at: float) -> None:
@@ -143,10 +148,15 @@ class TrainingStore:
                 if valid != self._step:
                     self._step_times.append(seen_at)
                     new_step = True
+                if self._step is not None and valid < self._step:  # a resumed run logs its steps again
+                    self._events.rewind(valid)
+                if self._arrived:
+                    self._events.take(valid, seen_at, self._arrived)
                 self._step = valid
                 self._step_time = seen_at
             elif step is not None:
                 self._self.inc(VALUES_REJECTED, reason="bad_step")
+            self._arrived.clear()
         if new_step:
             # Outside the lock (a scrape never waits for it); each signal swaps in a new stats dict at once.
             try:
@@ -231,6 +241,8 @@ class TrainingStore:
             self._self.inc(SERIES_DROPPED, reason="series_cap")
             return
         series[labels] = value * resolved.scale if resolved.scale != 1.0 else value
+        if resolved.name in self._watched:  # an event of this series (an evaluation), taken with the line's step
+            self._arrived.append((resolved.name, labels))
 
     def _count_nonfinite(self, name: str) -> None:
         if name in self._nonfinite or len(self._nonfinite) < self._nonfinite_cap:
@@ -273,6 +285,16 @@ class TrainingStore:
         gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b > a)
         return gaps[len(gaps) // 2] if gaps else None
 
+    def events_state(self) -> list[dict[str, Any]]:
+        """The events counted so far, as the progress state keeps them across sidecar restarts."""
+        with self._lock:
+            return self._events.state()
+
+    def restore_events(self, entries: list[EventState]) -> int:
+        """Take back the events of a state file (before any line is ingested); returns how many were left out."""
+        with self._lock:
+            return self._events.restore(entries)
+
     def nonfinite_counts(self) -> dict[str, float]:
         """NaN/Inf values counted so far, by metric name."""
         with self._lock:
@@ -296,6 +318,7 @@ class TrainingStore:
             nonfinite = dict(self._nonfinite)
             step, step_time = self._step, self._step_time
             detector_rows = self.detectors.rows()
+            event_rows = self._events.rows()
         out: list[tuple[MetricSpec, dict[tuple[str, ...], float]]] = []
         if step is not None and step_time is not None:  # set together
             out.append((self._step_metric, {(): step}))
@@ -304,6 +327,7 @@ class TrainingStore:
         by_name = self._spec.by_name  # one dict for every family (a lookup through the Spec model costs more)
         out.extend((by_name[name], series[name]) for name in sorted(series))
         out.extend((by_name[name], rows) for name, rows in sorted(detector_rows.items()))
+        out.extend(event_rows)
         for name in sorted(unmapped):
             key, value = unmapped[name]
             out.append((self._unmapped_spec(name, key), {(): value}))

@@ -77,8 +77,10 @@ TYPES: tuple[MetricType, ...] = get_args(MetricType)
 ScrapedType = Literal[MetricType, "histogram"]
 Layer = Literal["data", "compute", "resource", "fault", "exporter"]
 LineField = Literal["step", "step_time", "nonfinite"]
+# What an `events:` entry records of each series of the metric it watches.
+EventRecord = Literal["count", "step", "time"]
 # What feeds a metric: exactly one of these keys of its entry.
-FEEDS = ("source", "field", "collector", "instrumented_by", "scraped_from")
+FEEDS = ("source", "field", "collector", "instrumented_by", "scraped_from", "events")
 # The parts of the pack that set metrics from their own code (not through a collector).
 InstrumentedBy = Literal["exporter", "detector", "relay"]
 INSTRUMENTED_BY: tuple[InstrumentedBy, ...] = get_args(InstrumentedBy)
@@ -223,6 +225,23 @@ class RecordingEntry(StrictModel):
         return _one_line(expr)
 
 
+class Events(StrictModel):
+    """The events of another metric's series: an event is a step at which one of the series' verl keys arrives
+    (a validation series' evaluation: a gauge that did not move cannot show Prometheus that it happened)."""
+
+    of: str = Field(description="the metric, fed by verl keys, whose series' arrivals are the events (the entry has "
+                                "its labels, in its order, and its cap)")
+    record: EventRecord = Field(description="count: how many steps the series arrived at (a counter); step: the "
+                                            "last such step; time: the unix time it was seen")
+
+    def __str__(self) -> str:
+        return f"{self.record} of {self.of}"
+
+    def type_problem(self, mtype: str) -> str | None:
+        want = "counter" if self.record == "count" else "gauge"
+        return None if mtype == want else f"events of record {self.record!r} are a {want}, not a {mtype}"
+
+
 RECORDING_KIND = rf"^({'|'.join(RECORDINGS)}|{WINDOW_RECORDING.pattern})$"
 RecordingKind = Annotated[str, StringConstraints(pattern=RECORDING_KIND)]
 
@@ -248,6 +267,8 @@ class MetricSpec(StrictModel):
     instrumented_by: InstrumentedBy | None = Field(
         None, description="code of the pack sets it directly: exporter (the sidecar's own health), detector (its "
                           "adaptive detectors), relay (the relay's own health)")
+    events: Events | None = Field(None, description="the steps at which another metric's series arrive (kept across "
+                                                    "sidecar restarts in --state-dir)")
     max_series: int | None = Field(None, ge=1, description="cap on label-value combinations (default: "
                                                             "defaults.max_series)")  # the Spec applies it
     # held as Alert, Panel and SignalSpec objects (_on_this_metric, _signals)
@@ -352,6 +373,8 @@ class MetricSpec(StrictModel):
         kinds = [k for k in FEEDS if getattr(self, k)]
         if len(kinds) != 1:
             raise ValueError(f"give exactly one of {', '.join(FEEDS)} (got {kinds or 'none'})")
+        if self.events is not None and (why := self.events.type_problem(self.type)):
+            raise ValueError(why)
         return self
 
     @property
@@ -379,6 +402,8 @@ class MetricSpec(StrictModel):
             out["instrumented_by"] = self.instrumented_by
         if self.scraped_from:
             out["scraped_from"] = self.scraped_from
+        if self.events:
+            out["events"] = {"of": self.events.of, "record": self.events.record}
         if self.alerts:
             out["alerts"] = [a.alert for a in self.alerts]
         if self.panels:
@@ -448,9 +473,15 @@ class Spec(StrictModel):
     @field_validator("metrics")
     @classmethod
     def _max_series(cls, metrics: list[MetricSpec], info: ValidationInfo) -> tuple[MetricSpec, ...]:
-        """Each metric with its cap: its own max_series, or defaults.max_series."""
+        """Each metric with its cap: its own max_series, or defaults.max_series; an `events:` entry has one series
+        per series of the metric it watches, so that metric's cap."""
         default = info.data["defaults"].max_series if "defaults" in info.data else None
-        return tuple(m if m.max_series else m.model_copy(update={"max_series": default}) for m in metrics)
+        own = {m.name: m.max_series or default for m in metrics}
+
+        def cap(m: MetricSpec) -> int | None:
+            return own.get(m.events.of, default) if m.events else default
+
+        return tuple(m if m.max_series else m.model_copy(update={"max_series": cap(m)}) for m in metrics)
 
     @field_validator("global_alerts")
     @classmethod
@@ -482,6 +513,11 @@ class Spec(StrictModel):
                     out.append(((*at, "source", j), f"key {s.match!r} already feeds {other!r}"))
             if m.field and (other := clash("field", m.field, m.name)) is not None:
                 out.append(((*at, "field"), f"field {m.field!r} already feeds {other!r}"))
+            if m.events:
+                out += [((*at, "events", key), why) for key, why in self._events_problems(m)]
+                if (other := clash("events", f"{m.events.of} {m.events.record}", m.name)) is not None:
+                    out.append(((*at, "events"), f"the {m.events.record} of {m.events.of}'s events is already "
+                                                 f"{other!r}"))
             for j, r in enumerate(m.record):
                 if not isinstance(r, str) and clash("recording", r.record, (i, j)) is not None:
                     out.append(((*at, "record", j), f"recording {r.record!r} is declared twice"))
@@ -524,6 +560,19 @@ class Spec(StrictModel):
                     for name in a.signals() if name not in signals]
         return out
 
+    def _events_problems(self, m: MetricSpec) -> list[tuple[str, str]]:
+        """(key, problem) of an `events:` entry: it watches a metric fed by verl keys, with that metric's labels."""
+        assert m.events is not None
+        watched = self.by_name.get(m.events.of)
+        if watched is None or not watched.source:
+            return [("of", f"{m.events.of!r} is not a metric of the spec fed by verl keys (source:)")]
+        if m.labels != watched.labels:
+            return [("of", f"its labels {list(m.labels)} must be those of {m.events.of}, in its order "
+                           f"{list(watched.labels)}")]
+        if m.max_series != watched.max_series:
+            return [("of", f"its max_series {m.max_series} must be that of {m.events.of} ({watched.max_series}): "
+                           "one series per series watched (leave it out)")]
+        return []
 
     @cached_property
     def by_name(self) -> dict[str, MetricSpec]:
@@ -571,6 +620,10 @@ class Spec(StrictModel):
             if m.field == field_name:
                 return m
         raise KeyError(f"no spec entry has field: {field_name}")
+
+    def events(self) -> list[MetricSpec]:
+        """The `events:` entries, in spec order."""
+        return [m for m in self.metrics if m.events is not None]
 
     def for_collector(self, collector: str) -> list[MetricSpec]:
         return [m for m in self.metrics if m.collector == collector]
