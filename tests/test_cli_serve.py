@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from conftest import REPO, http_get, parse_metrics, require_tool, sample, wait_for
+from helpers import scaled
 from verl_exporter.sidecar.config import ConfigError, build_config, read_config_file
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -84,7 +85,7 @@ def test_promtool_finds_nothing_to_complain_about(tmp_path, serve):
 def test_bad_flags_exit_with_a_clear_message(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "verl_exporter", "serve", *args], capture_output=True,
-                              text=True, timeout=30)
+                              text=True, timeout=scaled(30))
 
     p = run("--listen", "nonsense")
     assert p.returncode == 2 and "--listen must be HOST:PORT" in p.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_tool
+from helpers import FIXTURES
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.render.rule_tests import expand
 from verl_exporter.sidecar.collectors import Context
@@ -24,7 +25,6 @@ from verl_exporter.spec import load_spec
 
 pytestmark = pytest.mark.integration  # starts servers or programs
 
-FIXTURES = Path(__file__).parent / "fixtures"
 T0, T1 = FIXTURES / "proc_t0", FIXTURES / "proc_t1"
 TARGET = {"job": "verl", "instance": "node0:9477", "run": "r1", "rank": "0"}
 RULE_FILES = [str(REPO / "rules/verl-recording.yaml"), str(REPO / "rules/verl-alerts.yaml")]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_CI, parse_metrics, require_tool, sample
+from helpers import scaled
 from verl_exporter.checkpoint import cli as checkpoint_cli
 from verl_exporter.checkpoint import manifest as checkpoint_manifest
 from verl_exporter.checkpoint.manifest import (
@@ -395,7 +396,7 @@ def test_cli_through_the_installed_entry_point(tmp_path):
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "verl_exporter", "checkpoint", *args], capture_output=True,
-                              text=True, timeout=60)
+                              text=True, timeout=scaled(60))
 
     d = make_checkpoint(tmp_path, 3)
     p = cli("manifest", str(tmp_path))
@@ -501,7 +502,7 @@ def test_callback_module_imports_and_works_without_verl(tmp_path):
         "assert [b.__name__ for b in C.__mro__] == ['ManifestCheckpointCallback', '_CallbackBase', 'object']\n"
         "C(config={'x': 1}).on_save(trainer=None, global_step=4, checkpoint_dir=sys.argv[1], async_save=False)\n"
     )
-    p = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, timeout=scaled(60))
     assert p.returncode == 0, p.stderr
     assert verify_manifest(d).ok
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import scaled
 from verl_exporter.checkpoint import cli as checkpoint_cli
 from verl_exporter.checkpoint import manifest as checkpoint_manifest
 from verl_exporter.checkpoint.manifest import (
@@ -32,7 +33,7 @@ def make_step(tmp_path):
 def cli(*args):
     """The CLI in a subprocess: a regression that blocks (a FIFO) fails on the timeout instead of hanging."""
     return subprocess.run([sys.executable, "-m", "verl_exporter", "checkpoint", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=scaled(60))
 
 
 @pytest.mark.integration

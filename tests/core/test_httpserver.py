@@ -9,6 +9,7 @@ from http import HTTPStatus
 
 import pytest
 from conftest import http_get, wait_for
+from helpers import scaled
 from verl_exporter.core.httpserver import HttpServer, ListenError
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -53,7 +54,7 @@ def server():
 
 
 def connect(srv: HttpServer) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=PATIENCE_S)
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(PATIENCE_S))
     return sock
 
 
@@ -169,7 +170,7 @@ def test_the_sidecar_counts_dropped_connections(tmp_path):
     side.start()
     try:
         side.server._httpd.request_timeout = 0.3
-        sock = socket.create_connection(("127.0.0.1", side.server.port), timeout=PATIENCE_S)
+        sock = socket.create_connection(("127.0.0.1", side.server.port), timeout=scaled(PATIENCE_S))
         sock.sendall(b"GET /metrics HTTP/1.1\r\n")
         assert closed_by_server(sock)
         sock.close()
@@ -189,7 +190,7 @@ def test_the_relay_counts_dropped_connections():
     relay = Relay(parse_config(doc, environ={"WECOM_KEY": "k"}), listen="127.0.0.1:0").start()
     try:
         relay._server._httpd.request_timeout = 0.3
-        sock = socket.create_connection(("127.0.0.1", relay._server.port), timeout=PATIENCE_S)
+        sock = socket.create_connection(("127.0.0.1", relay._server.port), timeout=scaled(PATIENCE_S))
         sock.sendall(b"POST /alert/verl-critical HTTP/1.1\r\n")
         assert closed_by_server(sock)
         sock.close()
@@ -230,7 +231,7 @@ def test_an_app_that_raises_answers_500_and_is_counted(server):
 
 def _stalled_body_answer(port: int, path: str, headers: bytes = b"") -> bytes:
     """POST a Content-Length of 1000, send a few bytes of the body, then stall: the server's answer."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=PATIENCE_S)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=scaled(PATIENCE_S))
     sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: 1000\r\n\r\n{\"a\":" % (path.encode(), headers))
     answer = b""
     with contextlib.suppress(OSError):
@@ -297,7 +298,7 @@ def test_requests_on_a_slow_path_never_hold_the_slots_metrics_needs(server):
     def app(environ, start_response):
         if environ["PATH_INFO"].startswith("/slow/"):
             entered.append(1)
-            release.wait(PATIENCE_S)
+            release.wait(scaled(PATIENCE_S))
         return hello(environ, start_response)
 
     srv, problems = server(app, workers=2, slow_paths=("/slow/",), slow_workers=1)
@@ -346,7 +347,7 @@ def test_a_scrape_is_answered_while_twelve_forensics_requests_wait_on_a_capture(
     trainer = subprocess.Popen(["sleep", "120"])
     side = Sidecar(ServeConfig(listen="127.0.0.1:0", collectors={"host": False}, trainer_pid=trainer.pid,
                                forensics_dir=str(tmp_path / "forensics"), forensics_py_spy=str(fake),
-                               forensics_native=False, forensics_timeout=PATIENCE_S * 3),
+                               forensics_native=False, forensics_timeout=scaled(PATIENCE_S * 3)),
                    control_token="tok", control_file=str(tmp_path / "control.json"))
     side.start()
     answers: list[tuple[int, dict]] = []

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO, scaled
 from verl_exporter.core import models
 from verl_exporter.core.models import FileError, parse_yaml, read_yaml
 from verl_exporter.relay.config import load_config
@@ -68,7 +68,8 @@ def test_the_600_byte_bomb_is_refused_at_once_by_every_command(tmp_path, argv):
     path.write_text(laughs(9), encoding="utf-8")
     assert len(path.read_bytes()) < 700
     cmd = [a.format(out=tmp_path / "out", file=path) for a in argv]
-    p = subprocess.run([sys.executable, "-m", "verl_exporter", *cmd], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-m", "verl_exporter", *cmd], capture_output=True, text=True,
+                       timeout=scaled(60))
     assert p.returncode in (1, 2), (p.returncode, p.stderr)  # generate's "cannot use the overrides" is 1
     assert f"{path}:3: " in p.stderr and "alias" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
@@ -138,7 +139,7 @@ def test_a_syntax_error_names_the_file_and_line():
 
 
 def test_the_files_the_pack_ships_load_with_the_loader():
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     shipped = [*sorted((root / "exporter/verl_exporter/spec/metrics").glob("*.yaml")),
                root / "alertmanager/alertmanager.yml",
                root / "alertmanager/relay.example.yaml", root / "rules/verl-alerts.yaml",

@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from helpers import scaled
 from verl_exporter.tools import replay as rp
 
 pytestmark = pytest.mark.integration
@@ -25,9 +26,10 @@ def start(code: str) -> subprocess.Popen:
 
 
 def ended(proc: subprocess.Popen, within: float) -> int | None:
-    """The exit status, or None (after killing it) when it was still running after `within` seconds."""
+    """The exit status, or None (after killing it) when it was still running after `within` seconds (times the
+    suite's timeout factor: a deadline for the exit, not a claim about how fast it comes)."""
     try:
-        return proc.wait(timeout=within)
+        return proc.wait(timeout=scaled(within))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -127,7 +129,7 @@ def test_backtest_stops_on_sigterm_and_leaves_no_promtool_behind(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "verl_exporter", "backtest", str(run), "--html-dir", ""],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     promtool = None
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + scaled(300)
     while promtool is None and proc.poll() is None and time.monotonic() < deadline:
         found = subprocess.run(["pgrep", "-P", str(proc.pid), "promtool"], capture_output=True, text=True)
         promtool = int(found.stdout.split()[0]) if found.stdout.strip() else None
@@ -140,8 +142,8 @@ def test_backtest_stops_on_sigterm_and_leaves_no_promtool_behind(tmp_path):
 
 
 def ended_pid(pid: int, within: float) -> bool:
-    """Whether the process is gone (or a zombie about to be reaped) within `within` seconds."""
-    deadline = time.monotonic() + within
+    """Whether the process is gone (or a zombie about to be reaped) within `within` seconds (scaled)."""
+    deadline = time.monotonic() + scaled(within)
     while time.monotonic() < deadline:
         state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout
         if not state.strip() or state.strip().startswith("Z"):

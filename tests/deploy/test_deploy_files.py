@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from conftest import REPO, free_port, http_get, require_tool, wait_for
+from helpers import scaled
 from verl_exporter.cli import build_parser
 from verl_exporter.relay.config import RelayConfig, load_config
 from verl_exporter.render import render_all
@@ -233,7 +234,7 @@ def assert_routes_every_receiver(config: RelayConfig) -> None:
 @cache
 def cli_help(*sub: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", *sub, "--help"], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=scaled(60))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -349,7 +350,7 @@ def test_the_build_context_is_enough_to_build_the_package(tmp_path):
             (context / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, context / rel)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                           str(tmp_path / "dist"), str(context)], capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "dist"), str(context)], capture_output=True, text=True, timeout=scaled(300))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = (tmp_path / "dist").glob("verl_exporter-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -362,7 +363,7 @@ def test_the_build_context_is_enough_to_build_the_package(tmp_path):
 
 def run_healthcheck(port: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "VERL_EXPORTER_HEALTH_PORT": str(port)}
-    return subprocess.run(healthcheck_argv(), env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run(healthcheck_argv(), env=env, capture_output=True, text=True, timeout=scaled(30))
 
 
 @pytest.mark.integration
@@ -531,7 +532,7 @@ def test_the_compose_relay_starts_healthy_without_secrets(tmp_path):
             request = urllib.request.Request(f"http://127.0.0.1:{port}/alert/{receiver}", data=body,
                                              headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=5) as resp:
+                with urllib.request.urlopen(request, timeout=scaled(5)) as resp:
                     status = resp.status
             except urllib.error.HTTPError as e:
                 status = e.code
@@ -539,7 +540,7 @@ def test_the_compose_relay_starts_healthy_without_secrets(tmp_path):
     finally:
         proc.terminate()
         try:
-            proc.communicate(timeout=20)
+            proc.communicate(timeout=scaled(20))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
@@ -598,7 +599,7 @@ def test_promtool_accepts_the_prometheus_config_as_compose_mounts_it(tmp_path):
     config = to_host("prometheus", "/etc/prometheus/prometheus.yml").read_text()
     (tmp_path / "prometheus.yml").write_text(config.replace("/etc/prometheus/", f"{tmp_path}/"))
     run = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=scaled(60))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "SUCCESS: 2 rule files found" in run.stdout + run.stderr
 
@@ -607,7 +608,7 @@ def test_promtool_accepts_the_prometheus_config_as_compose_mounts_it(tmp_path):
 def test_amtool_accepts_the_alertmanager_config_compose_mounts():
     amtool = require_tool("amtool")
     path = to_host("alertmanager", "/etc/alertmanager/alertmanager.yml")
-    run = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=scaled(60))
     assert run.returncode == 0, run.stdout + run.stderr
 
 
@@ -615,7 +616,7 @@ def compose_cli() -> list[str] | None:
     """Docker Compose v2 (the plugin or a standalone binary): `config` needs no Docker engine."""
     for argv in (["docker", "compose"], ["docker-compose"]):
         if shutil.which(argv[0]):
-            proc = subprocess.run([*argv, "version"], capture_output=True, text=True, timeout=30)
+            proc = subprocess.run([*argv, "version"], capture_output=True, text=True, timeout=scaled(30))
             if proc.returncode == 0 and re.search(r"v?2\.\d+", proc.stdout):
                 return argv
     return None
@@ -627,7 +628,8 @@ def test_docker_compose_itself_accepts_the_file():
     if argv is None:
         pytest.skip("Docker Compose v2 is not installed (optional: only `docker compose config` is run)")
     proc = subprocess.run([*argv, "-f", str(DOCKER / "compose.yaml"), "config", "--quiet"], capture_output=True,
-                          text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("VERL_")})
+                          text=True, timeout=scaled(60),
+                          env={k: v for k, v in os.environ.items() if not k.startswith("VERL_")})
     assert proc.returncode == 0, proc.stderr
 
 
@@ -831,10 +833,10 @@ def test_vmagent_and_vmalert_accept_the_configs_compose_mounts(tmp_path):
     (name, argv), *_ = vmagent_shards(VM_SERVICES).items()
     config = vm_host_path(name, vm_flags(argv, "promscrape.config")[0])
     run = subprocess.run([vmagent, f"-promscrape.config={config}", "-promscrape.config.dryRun"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=scaled(60))
     assert run.returncode == 0, run.stderr[-2000:]
     rules = [f"-rule={vm_host_path('vmalert', r)}" for r in vm_flags(VM_SERVICES["vmalert"]["command"], "rule")]
-    run = subprocess.run([vmalert, "-dryRun", *rules], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([vmalert, "-dryRun", *rules], capture_output=True, text=True, timeout=scaled(60))
     assert run.returncode == 0, run.stderr[-2000:]
 
 
@@ -869,7 +871,7 @@ def test_the_kubernetes_victoriametrics_manifest_shards_and_loads_the_generated_
     vmagent = require_tool("vmagent")
     (tmp_path / "scrape.yml").write_text(vm_k8s("ConfigMap", "verl-vmagent")["data"]["scrape.yml"])
     run = subprocess.run([vmagent, f"-promscrape.config={tmp_path / 'scrape.yml'}", "-promscrape.config.dryRun"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=scaled(60))
     assert run.returncode == 0, run.stderr[-2000:]
     (job,) = yaml.safe_load((tmp_path / "scrape.yml").read_text())["scrape_configs"]
     monitor = k8s_doc("podmonitor.yaml", "PodMonitor")

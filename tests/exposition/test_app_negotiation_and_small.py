@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import verl_exporter
+from helpers import scaled
 from prometheus_client import CollectorRegistry, Gauge
 from verl_exporter.core.shutdown import SIGNALS, stop_event
 from verl_exporter.exposition.app import metrics_app
@@ -140,11 +141,11 @@ def test_one_shutdown_helper_stops_serve_relay_demo_and_node(sig):
     try:
         done = stop_event()
         os.kill(os.getpid(), sig)
-        assert done.wait(5)
+        assert done.wait(scaled(5))
         sup = node.Supervisor([["serve"]])
         assert stop_event(sup.stopping) is sup.stopping  # node's supervisor loop waits on its own event
         os.kill(os.getpid(), sig)
-        assert sup.stopping.wait(5)
+        assert sup.stopping.wait(scaled(5))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
+from helpers import scaled
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from verl_exporter.core.httpserver import HttpServer
@@ -198,7 +199,8 @@ def test_a_client_timeout_is_counted_and_logged_without_a_traceback(caplog):
     srv = HttpServer(lambda e, s: [], "127.0.0.1:0", request_timeout=0.3,
                      on_problem=lambda kind, message: sm.problem("http", kind, message)).start()
     try:
-        with caplog.at_level(logging.WARNING), socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        with caplog.at_level(logging.WARNING), \
+                socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(10)) as s:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the rest
             wait_for(lambda: sm.value("verl_exporter_source_errors_total", component="http") == 1, timeout=10)
     finally:
@@ -224,7 +226,7 @@ def sidecar_app():
 
 def raw(srv: HttpServer, request: bytes) -> bytes:
     """The whole answer to one request, read until the server closes the connection."""
-    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=scaled(10)) as s:
         s.sendall(request)
         s.shutdown(socket.SHUT_WR)
         out = b""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import http_get, parse_metrics, sample
+from helpers import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -192,7 +193,7 @@ requests = st.builds(
 
 
 def exchange(port: int, request: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(20)) as s:
         s.sendall(request)
         s.shutdown(socket.SHUT_WR)
         out = b""

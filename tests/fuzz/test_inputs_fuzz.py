@@ -18,6 +18,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from helpers import FIXTURES
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from verl_exporter.exposition.selfmetrics import SelfMetrics
@@ -27,7 +28,6 @@ from verl_exporter.spec import load_spec
 SPEC = load_spec()
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # fsyncs per example
-FIXTURES = Path(__file__).parent / "fixtures"
 
 json_scalars = (st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats(allow_nan=True)
                 | st.text(max_size=20) | st.sampled_from(["9" * 5000, "1e999", "-1", "NaN", "²", "0x10"]))

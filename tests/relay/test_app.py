@@ -27,16 +27,29 @@ from conftest import (
     free_port,
     http_get,
     parse_metrics,
-    post_json,
     ready,
     require_tool,
     sample,
     wait_for,
 )
+from helpers import scaled
 from pydantic import SecretStr
+from relay_helpers import (
+    ENV,
+    MOBILE,
+    SECRET,
+    TOKEN,
+    WEBHOOK,
+    WINDOW,
+    WKEY,
+    am_alert,
+    metrics,
+    post,
+    relay_doc,
+    webhook,
+)
 from robots import FakeDingTalk, FakeLark, FakeWeCom
 from verl_exporter.relay import app as relay_app
-from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import RelayConfigError, Secret, load_config, parse_config
 from verl_exporter.relay.journal import check_spool_dir
 from verl_exporter.relay.payload import parse_payload
@@ -44,72 +57,11 @@ from verl_exporter.spec import load_spec
 
 pytestmark = pytest.mark.integration  # starts servers or programs
 
-TOKEN = "dt-access-token-5f2c9a1e"
-SECRET = "SECdt-signing-secret-77ab3c"
-WKEY = "wecom-key-0c4e1d93"
-WEBHOOK = "webhook-bearer-9e1f7d20"
 LTOKEN, LSECRET = "lark-hook-token-e2e-81c0", "lark-signing-secret-e2e-4d2f"
 SECRETS = (TOKEN, SECRET, WKEY, WEBHOOK)
-ENV = {"DT_TOKEN": TOKEN, "DT_SECRET": SECRET, "WECOM_KEY": WKEY, "RELAY_TOKEN": WEBHOOK}
-MOBILE = "13800000000"
-WINDOW = 1.0  # the "minute" of both the relay and the fake robots, so rate tests take seconds
 
 
 # ---------------------------------------------------------------- helpers
-def relay_doc(dt: FakeDingTalk, wc: FakeWeCom, **over) -> dict:
-    doc = {
-        "bearer_token_env": "RELAY_TOKEN",
-        "delivery": {"initial_backoff_seconds": 0.05, "max_backoff_seconds": 0.2, "max_retry_seconds": 5,
-                     "request_timeout_seconds": 2, "drain_seconds": 2, "rate_window_seconds": WINDOW},
-        "targets": {
-            "dingtalk": {"type": "dingtalk", "url": dt.url, "token_env": "DT_TOKEN", "secret_env": "DT_SECRET",
-                         "mention_mobiles": [MOBILE]},
-            "wecom": {"type": "wecom", "url": wc.url, "token_env": "WECOM_KEY", "mention_userids": ["zhangsan"]},
-        },
-        "routes": [{"receivers": ["verl-critical"], "targets": ["dingtalk", "wecom"]},
-                   {"receivers": ["verl-warning"], "targets": ["dingtalk"]},
-                   {"receivers": ["verl-info"], "targets": []}],
-    }
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(doc.get(key), dict):
-            doc[key] = {**doc[key], **value}
-        else:
-            doc[key] = value
-    return doc
-
-
-def am_alert(name="VerlGpuXid", severity="critical", i=0, status="firing", **ann) -> dict:
-    now = datetime.now(timezone.utc)
-    return {"status": status, "labels": {"alertname": name, "severity": severity, "job": "verl", "run": "ppo",
-                                         "rank": str(i), "instance": f"node{i:04d}:9477"},
-            "annotations": {"summary": f"{name} on rank {i}", "description": "details",
-                            "runbook_url": f"https://example.org/runbook#{name.lower()}", **ann},
-            "startsAt": (now - timedelta(minutes=5)).isoformat().replace("+00:00", "Z"),
-            "endsAt": now.isoformat().replace("+00:00", "Z") if status == "resolved" else "0001-01-01T00:00:00Z",
-            "generatorURL": "http://prometheus:9090/graph", "fingerprint": f"{name}-{i}"}
-
-
-def webhook(receiver: str, alerts: list[dict], status: str = "firing") -> dict:
-    return {"version": "4", "groupKey": "{}:{}", "truncatedAlerts": 0, "status": status, "receiver": receiver,
-            "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am:9093",
-            "alerts": alerts}
-
-
-def post(relay, receiver: str, body, token: str | None = WEBHOOK, headers: dict | None = None,
-         method: str = "POST") -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    hdrs = dict(headers or {})
-    if token is not None:
-        hdrs["Authorization"] = f"Bearer {token}"
-    return post_json(f"{relay.url}/alert/{receiver}", data if method == "POST" else None, hdrs, method)
-
-
-def metrics(relay) -> dict:
-    status, _, body = http_get(relay.url + "/metrics")
-    assert status == 200
-    return parse_metrics(body.decode())
-
-
 def wait_metric(relay, name: str, value: float, timeout: float = 5, **labels) -> dict:
     """Wait until a relay counter reaches value (the worker counts once the robot's answer is back)."""
     return wait_for(lambda: sample(m := metrics(relay), name, **labels) == value and m, timeout=timeout)
@@ -130,20 +82,6 @@ def robots():
     yield dt, wc
     dt.stop()
     wc.stop()
-
-
-@pytest.fixture
-def start_relay():
-    started = []
-
-    def start(doc: dict, environ: dict | None = None, **kw) -> Relay:
-        relay = Relay(parse_config(doc, environ=environ or ENV), listen="127.0.0.1:0", **kw).start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop(drain_seconds=0)
 
 
 # ---------------------------------------------------------------- config
@@ -292,12 +230,11 @@ def test_routes_in_order_with_matchers_regex_and_continue(robots):
 # ---------------------------------------------------------------- delivery
 def test_delivery_is_signed_verified_by_the_robot_and_never_blocks_the_webhook(robots, start_relay):
     dt, wc = robots
-    dt.delay = wc.delay = 3.0  # slow robots: the webhook must not wait for them
+    dt.delay = wc.delay = scaled(3.0)  # slow robots: the webhook must not wait for them
     relay = start_relay(relay_doc(dt, wc))
-    started = time.monotonic()
     code, body = post(relay, "verl-critical", webhook("verl-critical", [am_alert()]))
     assert (code, body["targets"]) == (200, {"dingtalk": 1, "wecom": 1})
-    assert time.monotonic() - started < 2.0  # well under one robot's answer
+    assert not dt.requests and not wc.requests  # answered while both robots still sat on theirs
     wait_for(lambda: dt.messages and wc.messages, timeout=15)
     (request,) = dt.requests
     assert request["errcode"] == 0  # the fake checked access_token, timestamp (within 1 h) and signature
@@ -367,7 +304,7 @@ def test_permanent_errors_are_not_retried_and_are_logged_without_secrets(case, s
                             environ=env)
         assert post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning")]))[0] == 200
         wait_for(lambda: sample(metrics(relay), "verl_relay_messages_total", target=kind, result="failed"), 5)
-        time.sleep(0.3)  # room for a retry that must not happen
+        time.sleep(scaled(0.3))  # room for a retry that must not happen
         assert robot.errcodes() == [errcode]  # exactly one request
         m = metrics(relay)
         assert sample(m, "verl_relay_alerts_total", target=kind, result="failed") == 1
@@ -441,7 +378,7 @@ def test_bad_input_gets_the_right_4xx_and_the_relay_keeps_serving(robots, start_
                                   ("/healthz", "DELETE", "GET, HEAD")]:
         req = urllib.request.Request(relay.url + path, data=b"" if method == "POST" else None, method=method)
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(req, timeout=5)
+            urllib.request.urlopen(req, timeout=scaled(5))
         assert (refused.value.code, refused.value.headers.get("Allow")) == (405, allowed), (path, method)
     assert post(relay, "verl-warning", good)[0] == 200
     wait_for(lambda: dt.messages, timeout=5)
@@ -730,10 +667,10 @@ def test_cli_checks_config_and_sigterm_spools_without_leaking_secrets(robots, tm
     (tmp_path / "relay.yaml").write_text(yaml.safe_dump(doc))
     env = {**os.environ, **ENV}
     cmd = [sys.executable, "-m", "verl_exporter.relay", "--config", str(tmp_path / "relay.yaml")]
-    check = subprocess.run([*cmd, "--check-config"], env=env, capture_output=True, text=True, timeout=30)
+    check = subprocess.run([*cmd, "--check-config"], env=env, capture_output=True, text=True, timeout=scaled(30))
     assert check.returncode == 0 and "config ok" in check.stdout and "token from env DT_TOKEN" in check.stdout
     bad = subprocess.run(cmd, env={k: v for k, v in env.items() if k != "DT_TOKEN"}, capture_output=True,
-                         text=True, timeout=30)
+                         text=True, timeout=scaled(30))
     assert bad.returncode == 2 and "targets.dingtalk.token_env: environment variable DT_TOKEN is not set" in bad.stderr
 
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -744,7 +681,7 @@ def test_cli_checks_config_and_sigterm_spools_without_leaking_secrets(robots, tm
         assert post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning")]))[0] == 200
         wait_for(lambda: dt.requests, timeout=5)
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=scaled(20))
     finally:
         if proc.poll() is None:
             proc.kill()

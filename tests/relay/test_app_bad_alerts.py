@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import http_get, parse_metrics, post_json, sample, wait_for
-from helpers import stop_action
+from helpers import scaled, stop_action
 from robots import FakeDingTalk, FakeWeCom
 from verl_exporter.relay.actions import ActionRunner
 from verl_exporter.relay.app import Relay
@@ -165,7 +165,7 @@ def test_a_value_that_cannot_be_journaled_gets_no_500_and_leaves_no_orphan(field
     # a restart on the same spool has nothing left to send: no entry was orphaned in the journal
     before = len(dt.messages), len(wc.messages)
     again = start_relay(relay_doc(dt, wc, spool))
-    time.sleep(0.5)
+    time.sleep(scaled(0.5))  # room for a resend that must not happen
     assert (len(dt.messages), len(wc.messages)) == before
     assert _journal_adds(spool) == []
     again.stop(drain_seconds=0)
@@ -276,7 +276,7 @@ def test_preview_shows_a_payload_with_values_no_zone_can_show(tmp_path):
     alert.write_bytes(webhook([good_alert(0), good_alert(1, startsAt=FAR_FUTURE),
                                good_alert(2, labels={"run": "\udfff"})]))
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", "relay", "--config", str(config),
-                           "--preview", str(alert)], capture_output=True, text=True, timeout=60)
+                           "--preview", str(alert)], capture_output=True, text=True, timeout=scaled(60))
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "repaired alerts.1.startsAt: 9999-12-31T23:00:00+00:00 cannot be shown" in proc.stdout
     assert "repaired alerts.2.labels.run: a lone surrogate" in proc.stdout
@@ -317,6 +317,6 @@ def test_preview_refuses_a_payload_over_the_body_limit_without_reading_it_all(tm
     big.write_bytes(webhook([good_alert(i) for i in range(50)]))
     assert big.stat().st_size > 4096
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", "relay", "--config", str(config),
-                           "--preview", str(big)], capture_output=True, text=True, timeout=60)
+                           "--preview", str(big)], capture_output=True, text=True, timeout=scaled(60))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "larger than max_body_bytes (4096)" in proc.stderr

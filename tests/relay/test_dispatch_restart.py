@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, free_port, http_get, wait_for
+from helpers import scaled
 from robots import FakeDingTalk, FakeWeCom
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -38,7 +39,7 @@ ENV = {"DT_TOKEN": TOKEN, "DT_SECRET": SECRET, "WECOM_KEY": WKEY}
 WINDOW = 4.0  # the robots' and the relay's "minute"
 LIMIT = 20
 ALERTS = 80
-KILL_GRACE = 0.3  # a message the robot took this long before a kill -9 may be sent again
+KILL_GRACE = 0.3  # a message the robot took this long (scaled) before a kill -9 may be sent again
 
 
 class Sender:
@@ -72,7 +73,7 @@ class Sender:
         req = urllib.request.Request(self.url + "/alert/verl-critical", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=3) as resp:
+            with urllib.request.urlopen(req, timeout=scaled(3)) as resp:
                 ok = resp.status == 200
         except urllib.error.HTTPError as e:
             ok = False
@@ -142,16 +143,16 @@ def test_kills_at_random_points_lose_nothing_duplicate_nothing_and_keep_the_rate
                 proc.kill()
             else:
                 proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=20) in (0, -signal.SIGKILL), _tail(outputs[-1])
+            assert proc.wait(timeout=scaled(20)) in (0, -signal.SIGKILL), _tail(outputs[-1])
             rounds.append(how)
-            assert time.monotonic() - started < 90, "the sender never finished"
+            assert time.monotonic() - started < scaled(90), "the sender never finished"
         proc = start()  # the last one delivers everything that is left
         # At the robots' limit, what is left may need ALERTS / LIMIT windows (all of them, if the earlier relays
         # delivered little on a loaded machine): 4 windows was exactly that, with no slack.
         for robot in (dt, wc):
             wait_for(lambda r=robot: set(deliveries(r)) >= sender.accepted, timeout=(ALERTS / LIMIT + 3) * WINDOW)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, _tail(outputs[-1])
+        assert proc.wait(timeout=scaled(20)) == 0, _tail(outputs[-1])
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -168,7 +169,7 @@ def test_kills_at_random_points_lose_nothing_duplicate_nothing_and_keep_the_rate
         assert set(got) == sender.accepted  # none lost
         for n, times in got.items():
             for a, b in zip(times, times[1:], strict=False):
-                inherent = n in sender.ambiguous or any(0 <= k - a <= KILL_GRACE for k in kills)
+                inherent = n in sender.ambiguous or any(0 <= k - a <= scaled(KILL_GRACE) for k in kills)
                 assert b - a >= WINDOW or inherent, (f"alert {n} delivered twice within the window", seed)
         assert robot.rate_rejections == 0, (robot.errcodes(), seed)
         times = robot.accepted_times

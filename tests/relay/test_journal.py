@@ -7,6 +7,7 @@ import math
 import time
 
 import pytest
+from helpers import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from verl_exporter.relay.journal import COMPACT_LINES, Journal
@@ -126,7 +127,7 @@ def test_a_spool_file_that_is_a_fifo_or_nested_past_the_decoder_is_set_aside_and
     loaded: list[int] = []
     loader = threading.Thread(target=lambda: loaded.append(dispatcher.load_spool()), daemon=True)
     loader.start()
-    loader.join(timeout=20)
+    loader.join(timeout=scaled(20))
     assert not loader.is_alive() and loaded == [1]
     assert metrics.value("verl_relay_spool_errors_total", operation="read") == 2
     assert sorted(p.name for p in tmp_path.glob("*.bad")) == [f"{SPOOL_PREFIX}2.bad", f"{SPOOL_PREFIX}3.bad"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, free_port, http_get, wait_for
+from helpers import scaled
 from robots import FakeDingTalk
 
 TOKEN, SECRET = "dt-token-lock-5b1e", "SECdt-secret-lock-0c9d"
@@ -60,7 +61,7 @@ def _post(url: str, i: int) -> int:
     body = json.dumps({"version": "4", "status": "firing", "receiver": "verl-critical", "alerts": [alert]})
     req = urllib.request.Request(url + "/alert/verl-critical", data=body.encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
+    with urllib.request.urlopen(req, timeout=scaled(5)) as resp:
         return resp.status
 
 
@@ -75,13 +76,13 @@ def test_a_second_relay_on_the_same_spool_dir_refuses_to_start_and_nothing_accep
     try:
         wait_for(lambda: _up(one_url, one), timeout=20)
         two = _relay(two_cfg, tmp_path / "two.log")
-        assert two.wait(timeout=20) == 2, "a second relay on the same spool_dir must not run"
+        assert two.wait(timeout=scaled(20)) == 2, "a second relay on the same spool_dir must not run"
         said = (tmp_path / "two.log").read_text()
         assert str(spool) in said and f"pid {one.pid}" in said, said
 
         # --check-config says so too, and does not keep the lock: the first relay is untouched
         check = subprocess.run([sys.executable, "-m", "verl_exporter", "relay", "--config", str(two_cfg),
-                                "--check-config"], env=ENV, capture_output=True, text=True, timeout=30)
+                                "--check-config"], env=ENV, capture_output=True, text=True, timeout=scaled(30))
         assert check.returncode == 0, check.stderr  # a note: also how one checks the running relay's config
         assert str(spool) in check.stderr and f"pid {one.pid}" in check.stderr, check.stderr
         assert _up(one_url, one)
@@ -90,13 +91,13 @@ def test_a_second_relay_on_the_same_spool_dir_refuses_to_start_and_nothing_accep
         robot.fail_next(10_000)
         assert _post(one_url, 1) == 200
         one.send_signal(signal.SIGKILL)
-        one.wait(timeout=10)
+        one.wait(timeout=scaled(10))
         robot.heal()
         two = _relay(two_cfg, tmp_path / "two-again.log")
         wait_for(lambda: _up(two_url, two), timeout=20)
         wait_for(lambda: any("node0001" in json.dumps(m, ensure_ascii=False) for m in robot.messages), timeout=20)
         two.send_signal(signal.SIGTERM)
-        assert two.wait(timeout=20) == 0, (tmp_path / "two-again.log").read_text()[-2000:]
+        assert two.wait(timeout=scaled(20)) == 0, (tmp_path / "two-again.log").read_text()[-2000:]
     finally:
         for p in (one, two):
             if p is not None and p.poll() is None:

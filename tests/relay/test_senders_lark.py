@@ -12,8 +12,9 @@ import time
 
 import pytest
 from conftest import sample, wait_for
+from helpers import scaled
+from relay_helpers import am_alert, metrics, post, relay_doc, webhook
 from robots import FakeDingTalk, FakeLark, FakeWeCom
-from test_relay import am_alert, metrics, post, relay_doc, start_relay, webhook  # noqa: F401 (fixture)
 from verl_exporter.relay.config import RelayConfigError, parse_config
 from verl_exporter.relay.dispatch import ROBOT_BURSTS, RateLimiter
 from verl_exporter.relay.format import LARK_MAX_BODY, format_messages
@@ -153,7 +154,7 @@ def doc_for(robot: FakeLark, **over) -> dict:
 
 
 @pytest.mark.integration
-def test_delivery_is_signed_and_verified_by_the_robot(start_relay):  # noqa: F811
+def test_delivery_is_signed_and_verified_by_the_robot(start_relay):
     robot = FakeLark(LTOKEN, LSECRET).start()
     try:
         relay = start_relay(doc_for(robot), environ=ENV)
@@ -180,7 +181,7 @@ def test_permanent_errors_are_not_retried_and_logged_without_secrets(case, start
         relay = start_relay(doc_for(robot), environ=env)
         assert post(relay, "verl-warning", webhook("verl-warning", [am_alert(severity="warning")]))[0] == 200
         wait_for(lambda: sample(metrics(relay), "verl_relay_messages_total", target="lark", result="failed"), 5)
-        time.sleep(0.3)  # room for a retry that must not happen
+        time.sleep(scaled(0.3))  # room for a retry that must not happen
         assert robot.errcodes() == [errcode]
         assert sample(metrics(relay), "verl_relay_robot_errors_total", target="lark", errcode=str(errcode)) == 1
         assert f"errcode {errcode}" in caplog.text and "NOT delivered" in caplog.text

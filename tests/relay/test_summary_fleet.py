@@ -28,7 +28,7 @@ from conftest import (
     sample,
     wait_for,
 )
-from helpers import robot_target
+from helpers import robot_target, scaled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from robots import FakeDingTalk, FakeWeCom
@@ -181,7 +181,7 @@ def test_a_truncated_group_takes_one_queue_slot_one_journal_line_and_one_message
                 "alerts": [down(i).to_dict() for i in range(200)]}
         req = urllib.request.Request(relay.url + "/alert/verl-critical", data=json.dumps(body).encode(),
                                      method="POST", headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:  # 200 alerts into a queue of 10: one summary
+        with urllib.request.urlopen(req, timeout=scaled(10)) as resp:  # 200 alerts into a queue of 10: one summary
             assert resp.status == 200 and json.loads(resp.read())["targets"] == {"dt": 1}
         adds = [line for line in (tmp_path / "spool" / "relay-journal.jsonl").read_text().splitlines()
                 if '"add"' in line]

@@ -11,8 +11,9 @@ import sys
 import pytest
 import yaml
 from conftest import wait_for
+from helpers import scaled
+from relay_helpers import am_alert, post, webhook
 from robots import FakeDingTalk
-from test_relay import am_alert, post, webhook
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import RelayConfigError, parse_config
 from verl_exporter.relay.format import pack
@@ -171,7 +172,7 @@ def preview_files(tmp_path, receiver="training-critical"):
 
 def relay_cli(*args):
     return subprocess.run([sys.executable, "-m", "verl_exporter", "relay", *args], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=scaled(60))
 
 
 @pytest.mark.integration

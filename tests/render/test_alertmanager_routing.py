@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 import yaml
 from conftest import REPO, Proc, am_post_alerts, free_port, ready, require_tool, wait_for
+from helpers import scaled
 
 AM_CONFIG = REPO / "alertmanager" / "alertmanager.yml"
 TESTS = REPO / "rules" / "tests" / "generated-test.yaml"
@@ -63,7 +64,7 @@ def leaf_receivers(route: dict) -> list[str]:
 def routed_receiver(amtool: str, labels: dict[str, str], config=AM_CONFIG) -> str:
     args = [f"{k}={v}" for k, v in sorted(labels.items())]
     run = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *args],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=scaled(60))
     assert run.returncode == 0, run.stderr
     return run.stdout.strip()
 
@@ -104,7 +105,7 @@ def test_every_alert_reaches_its_team_and_severity_and_every_route_is_reached(pa
 
 def _states(url: str, run: str) -> dict[str, tuple[str, list[str]]]:
     """{alertname: (fingerprint, fingerprints of the alerts that inhibit it)} of one run, as Alertmanager says."""
-    with urllib.request.urlopen(f"{url}/api/v2/alerts", timeout=10) as r:
+    with urllib.request.urlopen(f"{url}/api/v2/alerts", timeout=scaled(10)) as r:
         alerts = json.loads(r.read())
     return {a["labels"]["alertname"]: (a["fingerprint"], a["status"]["inhibitedBy"]) for a in alerts
             if a["labels"].get("run") == run}

@@ -12,6 +12,7 @@ import sys
 import pytest
 import yaml
 from conftest import REPO, require_tool
+from helpers import scaled
 from verl_exporter.render import generate, render_all
 from verl_exporter.render.promql import all_recordings
 from verl_exporter.render.rule_tests import expand, go_printf
@@ -358,7 +359,7 @@ def test_vmalert_gets_the_alerts_without_keep_firing_for_which_it_refuses(tmp_pa
 
     def dry_run(*rules: str) -> subprocess.CompletedProcess:
         return subprocess.run([vmalert, "-dryRun", *[f"-rule={tmp_path / r}" for r in rules]],
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=scaled(60))
 
     refused = dry_run(RECORDING_FILE, ALERTS_FILE)
     assert refused.returncode != 0 and "keep_firing_for" in refused.stdout + refused.stderr

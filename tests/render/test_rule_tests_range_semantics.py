@@ -3,7 +3,7 @@
 3.x selects (t-d, t] where 2.x selects [t-d, t]; promtool's samples and evaluations fall on whole minutes, so
 the sample at the range's start is exactly the one that differs. No promtool 3.x comes from a registry this
 project installs from (Debian ships 2.x), so 3.x is emulated: every range in the rules 1 s shorter
-(``left_open``). The 2.x runs are tests/test_generate.py's and tests/test_scenarios.py's.
+(``left_open``). The 2.x runs are tests/render/test_render_generate.py's and tests/alerts/test_scenarios.py's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_tool
+from helpers import scaled
 from verl_exporter.render.rule_tests import left_open
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -37,7 +38,7 @@ def left_open_rules(root: Path) -> Path:
 
 def promtool_test(test_file: Path) -> subprocess.CompletedProcess:
     return subprocess.run([require_tool("promtool"), "test", "rules", str(test_file)], capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=scaled(600))
 
 
 @pytest.mark.parametrize("expr,expected", [

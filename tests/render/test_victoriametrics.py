@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, Proc, compressed_rule_files, free_port, http_get, ready, require_tool, wait_for
+from helpers import scaled
 from verl_exporter.tools.demo import _nonfinite_steps, demo_lines
 
 pytestmark = pytest.mark.integration
@@ -224,7 +225,7 @@ def steps_seen(api: str) -> dict[str, float]:
 def same_series(a: str, b: str, timeout: float = 30) -> None:
     """Wait until both hold the same scraped series (the series API also lists a series whose only sample
     is NaN, which MetricsQL drops from query results)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         start = time.time() - 30
         on_a, on_b = series(a, SCRAPED, start), series(b, SCRAPED, start)

@@ -6,31 +6,16 @@ import json
 import math
 import os
 import time
-import urllib.request
 
 import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
+from helpers import CONTROL_TOKEN as TOKEN
+from helpers import control_post as post
+from helpers import scaled
 from verl_exporter import Monitor
 from verl_exporter.sidecar.control import ControlReader, ControlState
 from verl_exporter.spec import load_spec
 from verl_exporter.trainer.breaker import CircuitBreaker, judged_alerts
-
-TOKEN = "s3cr3t-control-token"
-
-
-def post(url: str, token: str | None = None, body: bytes | None = b"{}", method: str = "POST"):
-    req = urllib.request.Request(url, data=body, method=method)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            status, raw = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    try:
-        return status, json.loads(raw or b"{}")
-    except ValueError:
-        return status, {"text": raw.decode()}
 
 
 def test_state_and_reader(tmp_path):
@@ -98,7 +83,7 @@ def test_missing_token_variable_is_a_clear_start_error(tmp_path):
 
     p = subprocess.run([sys.executable, "-m", "verl_exporter", "serve", "--listen", "127.0.0.1:0",
                         "--checkpoint-dir", str(tmp_path), "--control-token-env", "NOPE_NOT_SET"],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=scaled(30))
     assert p.returncode == 2 and "NOPE_NOT_SET is not set" in p.stderr
 
 
@@ -342,7 +327,7 @@ def test_a_trainer_under_another_uid_reads_the_request_or_counts_why_not(mode, s
         parent, child = multiprocessing.Pipe()
         proc = multiprocessing.get_context("fork").Process(target=_read_as_nobody, args=(reader, child))
         proc.start()
-        proc.join(20)
+        proc.join(scaled(20))
         stop_seen, failures = parent.recv()
         assert (stop_seen, failures) == (seen, 0 if seen else 1)
     finally:
@@ -420,7 +405,7 @@ def test_a_resumed_run_ignores_the_stop_that_ended_run_1_and_obeys_a_new_one(ser
     monitor2 = Monitor(sidecar_file=str(tmp_path / "log.jsonl"), control_file=path)
     try:
         run2.poll()
-        time.sleep(1.0)  # the Monitor's worker polls every 0.2 s
+        time.sleep(scaled(1.0))  # room for the Monitor's worker (it polls every 0.2 s) to take what it must not
         assert not run2.stop_requested and not run2.take_checkpoint_request()
         assert not monitor2.should_stop() and not monitor2.should_checkpoint()
         # an alert asks run 2 to stop: a new request, applied, seen by run 2's readers
@@ -509,7 +494,7 @@ def _spawn_read_as_nobody(reader: ControlReader) -> tuple[bool, int]:
     parent, child = multiprocessing.Pipe()
     proc = multiprocessing.get_context("fork").Process(target=_read_as_nobody, args=(reader, child))
     proc.start()
-    proc.join(20)
+    proc.join(scaled(20))
     return parent.recv()
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import free_port
+from helpers import DATA, REPO, free_port, scaled
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from verl_exporter.exposition.selfmetrics import SelfMetrics
@@ -38,8 +38,7 @@ from verl_exporter.sidecar.engines_sd import EnginesSd
 from verl_exporter.spec import load_spec
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[1]
-EXTRACT = json.loads((REPO / "tests/data/engine_metrics.json").read_text())
+EXTRACT = json.loads((DATA / "engine_metrics.json").read_text())
 CLASSES = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}
 LABEL_VALUES = {"model_name": "m", "engine": "0", "is_streaming": "false"}
 
@@ -93,7 +92,7 @@ def _serve(registry: CollectorRegistry) -> http.server.HTTPServer:
 
 def _query(port: int, expr: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=scaled(5)) as r:
         return json.load(r)["data"]["result"]
 
 
@@ -109,12 +108,12 @@ def _prometheus(tmp_path, config: dict) -> Iterator[tuple[subprocess.Popen, int]
         yield prom, port
     finally:
         prom.terminate()
-        prom.wait(timeout=30)
+        prom.wait(timeout=scaled(30))
 
 
 def _first_answer(prom: subprocess.Popen, port: int, expr: str, timeout: float = 60) -> list[dict]:
     """The query's first non-empty answer within the timeout ([] if none), waiting for Prometheus to listen."""
-    deadline, found = time.monotonic() + timeout, []
+    deadline, found = time.monotonic() + scaled(timeout), []
     while time.monotonic() < deadline and not found:
         time.sleep(1)
         try:
@@ -205,7 +204,7 @@ def _scrape_and_check(prom: subprocess.Popen, port: int, sm: SelfMetrics, ports:
     found = _first_answer(prom, port,
                           'max by (run, instance) (vllm:kv_cache_usage_perc or sglang:token_usage) > 0.95')
     assert [r["metric"] for r in found] == [{"run": "r1", "instance": f"127.0.0.1:{ports['vllm']}"}]
-    deadline, up = time.monotonic() + 30, []
+    deadline, up = time.monotonic() + scaled(30), []
     while time.monotonic() < deadline and len(up) < 2:
         time.sleep(1)
         up = _query(port, 'up{rollout_engine=~"vllm|sglang"}')
@@ -223,7 +222,7 @@ def _scrape_and_check(prom: subprocess.Popen, port: int, sm: SelfMetrics, ports:
     variables = {f"${v['name']}": v["allValue"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
     panels = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     assert any(":sglang_" in r for r in recorded) and any("sglang:" in p for p in panels)
-    deadline, empty = time.monotonic() + 30, ["?"]
+    deadline, empty = time.monotonic() + scaled(30), ["?"]
     while time.monotonic() < deadline and empty:
         time.sleep(1)
         empty = [n for n in recorded if not _query(port, n)]

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from conftest import free_port, http_get, parse_metrics, sample, wait_for
+from helpers import scaled
 from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.sidecar.file_sd import FileSdRegistration
 from verl_exporter.sidecar.node import split_rank0_only
@@ -42,7 +43,7 @@ def test_registration_folders_made_under_umask_077_let_prometheus_in(tmp_path):
 
 def test_many_writers_share_a_directory_without_clashing(tmp_path):
     regs = [FileSdRegistration(str(tmp_path), "h", 9000 + i, refresh=0.01).start() for i in range(16)]
-    time.sleep(0.2)
+    wait_for(lambda: len(list(tmp_path.glob("verl-*.json"))) == 16, timeout=5)
     docs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("verl-*.json"))]
     assert len(docs) == 16 and all(d[0]["targets"][0].startswith("h:90") for d in docs)
     for r in regs:
@@ -130,7 +131,7 @@ def test_node_runs_a_sidecar_per_local_rank_and_restarts_one_that_dies(tmp_path)
         wait_for(lambda: up(urls[1]) and json.loads(http_get(urls[1] + "/healthz")[2])["pid"] != pid, timeout=30)
     finally:
         proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=30)[0].decode()
+        out = proc.communicate(timeout=scaled(30))[0].decode()
     assert proc.returncode == 0, out
     assert "local rank 1 exited" in out
     assert not list(sd.glob("verl-*.json"))  # a clean stop deregisters every rank, the restarted one too
@@ -139,7 +140,7 @@ def test_node_runs_a_sidecar_per_local_rank_and_restarts_one_that_dies(tmp_path)
 @pytest.mark.integration
 def test_node_rejects_per_child_flags():
     p = subprocess.run([sys.executable, "-m", "verl_exporter", "node", "--ranks", "2", "--", "--rank", "3"],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=scaled(30))
     assert p.returncode == 2 and "--rank is set per child" in p.stderr
 
 
@@ -194,7 +195,7 @@ def test_healthz_reports_a_hang_and_a_gone_trainer(tmp_path, serve):
 @pytest.mark.integration
 def test_bad_liveness_flags(flag):
     p = subprocess.run([sys.executable, "-m", "verl_exporter", "serve", "--listen", "127.0.0.1:0", flag],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=scaled(30))
     assert p.returncode == 2 and "Input should be greater than or equal to 0" in p.stderr
 
 

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from verl_exporter.core.verdict import (
@@ -312,7 +313,7 @@ def test_the_kubernetes_patch_switches_forensics_on_with_what_ptrace_needs():
     from verl_exporter.cli import build_parser
     from verl_exporter.sidecar.config import build_config, flag_values
 
-    doc = yaml.safe_load((Path(__file__).parent.parent / "docker/kubernetes/sidecar-forensics.patch.yaml").read_text())
+    doc = yaml.safe_load((REPO / "docker/kubernetes/sidecar-forensics.patch.yaml").read_text())
     pod = doc["spec"]["template"]["spec"]
     [sidecar] = pod["initContainers"]
     assert pod["shareProcessNamespace"] is True

@@ -24,15 +24,15 @@ import psutil
 import pytest
 import verl_exporter.spec
 from conftest import http_get, sample, wait_for
-from helpers import free_port
-from test_control import TOKEN, post
-from test_relay import am_alert, webhook
-from test_relay import post as relay_post
+from helpers import CONTROL_TOKEN as TOKEN
+from helpers import TESTS, free_port, scaled
+from helpers import control_post as post
+from relay_helpers import am_alert, webhook
+from relay_helpers import post as relay_post
 from verl_exporter.relay.app import Relay
 from verl_exporter.relay.config import parse_config
 
 pytestmark = pytest.mark.integration
-HERE = Path(__file__).parent
 STEP_S = 0.1
 HANG_AT = 15
 FLOOR_S = 3
@@ -60,7 +60,7 @@ def test_a_gloo_hang_is_captured_with_real_stacks_and_the_odd_rank_named(tmp_pat
         pytest.skip("torch is not installed")
     log, forensics, fr = tmp_path / "run.jsonl", tmp_path / "forensics", tmp_path / "fr"
     fr.mkdir()
-    launcher = subprocess.Popen([sys.executable, str(HERE / "hang_gloo.py"), str(log), str(free_port()),
+    launcher = subprocess.Popen([sys.executable, str(TESTS / "hang_gloo.py"), str(log), str(free_port()),
                                  str(HANG_AT), str(STEP_S), str(fr)])
     try:
         side = serve("--verl-log", str(log), "--run", "hang", "--rank", "0", "--trainer-pid", str(launcher.pid),
@@ -83,7 +83,7 @@ def test_a_gloo_hang_is_captured_with_real_stacks_and_the_odd_rank_named(tmp_pat
         assert doc["flight_recorder"] == (f"Flight Recorder: ranks 0 entered collective #{HANG_AT} "
                                           f"(gloo:all_reduce); rank 1 never did (last: 1 at #{HANG_AT - 1})")
         # within the stall window: the floor, plus the 1 s check and the capture itself
-        assert captured - last_step < FLOOR_S + 10
+        assert captured - last_step < FLOOR_S + scaled(10)
 
         health = json.loads(http_get(side.url + "/healthz")[2])
         assert health["forensics"]["last_capture"]["path"] == str(path)

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+from helpers import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from verl_exporter.exposition.selfmetrics import SelfMetrics
@@ -123,7 +124,7 @@ def _write(path, steps):
 
 
 def _wait(fn, want, timeout=10.0):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if fn() == want:
             return
@@ -187,7 +188,8 @@ def test_the_serve_flags_reach_the_config():
 
 @pytest.mark.integration
 def test_real_sidecar_a_stop_through_the_control_endpoint_is_a_stop_request(tmp_path, monkeypatch):
-    from test_control import TOKEN, post
+    from helpers import CONTROL_TOKEN as TOKEN
+    from helpers import control_post as post
 
     monkeypatch.setenv("VERL_CTL", TOKEN)
     log = tmp_path / "run.jsonl"

@@ -4,7 +4,8 @@ answer exactly fixtures/golden/metrics.txt: every name, label, type and help tex
 not depend on the clock or the machine (those are masked). A rename, a new series or a changed help shows up
 as a diff of that file, to be reviewed with the change.
 
-    VERL_EXPORTER_UPDATE_GOLDEN=1 pytest tests/test_golden_metrics.py   # rewrite the file after a reviewed change
+    # rewrite the file after a reviewed change
+    VERL_EXPORTER_UPDATE_GOLDEN=1 pytest tests/sidecar/test_sidecar_golden_metrics.py
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import pytest
 from fake_pynvml import busy_node
+from helpers import FIXTURES
 from verl_exporter.exposition.app import make_app
 from verl_exporter.sidecar.config import build_config
 from verl_exporter.sidecar.sidecar import Sidecar
 
-FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden" / "metrics.txt"
 UPDATE = os.environ.get("VERL_EXPORTER_UPDATE_GOLDEN", "") not in ("", "0")
 MASK = "<masked>"

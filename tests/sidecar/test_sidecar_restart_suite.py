@@ -15,6 +15,7 @@ import time
 
 import pytest
 from conftest import ServeProcess, sample
+from helpers import scaled
 from promreplay import NONFINITE, firing_minutes, nonfinite_alert_exprs
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -77,14 +78,14 @@ def test_kills_and_restarts_during_a_run_lose_nothing_and_page_for_nothing(tmp_p
             side.proc.send_signal(signal.SIGTERM)
         else:
             side.proc.kill()
-        side.proc.wait(timeout=10)
+        side.proc.wait(timeout=scaled(10))
         scrapes.append("restart")
         killed_at.append(writer.written)
         side = ServeProcess(*args)
     writer.restarts_done.set()
-    writer.join(timeout=60)
+    writer.join(timeout=scaled(60))
     final = (float(writer.written), float(len(writer.nan_steps)))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while scrape(side) != final and time.monotonic() < deadline:
         time.sleep(0.1)
     scrapes.append(scrape(side))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_tool
+from helpers import scaled
 from verl_exporter.cli import main
 from verl_exporter.spec import load_spec
 from verl_exporter.spec.overrides import (
@@ -335,9 +336,10 @@ def promtool_results(tmp_path_factory, spec):
         files[sweep] = (out, out / "tests" / "generated-test.yaml")
 
     def run(path: Path) -> subprocess.CompletedProcess:
-        return subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=600)
+        return subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True,
+                              timeout=scaled(600))
 
-    # routing.yaml's point is its Alertmanager config (tests/test_alert_routing.py): no promtool run for it
+    # routing.yaml's point is its Alertmanager config (tests/render/test_alertmanager_routing.py): no promtool run
     checked = [name for name in files if name != "routing.yaml"]
     with ThreadPoolExecutor(max_workers=len(checked)) as pool:
         done = dict(zip(checked, pool.map(run, [files[n][1] for n in checked]), strict=True))
@@ -361,7 +363,7 @@ def test_generate_with_overrides_writes_every_output_and_its_tests_pass(promtool
     prom = yaml.safe_load((out / "docker" / "prometheus" / "prometheus.yml").read_text())
     assert prom["scrape_configs"][0]["job_name"] == "verl-agent"
     run = subprocess.run([amtool, "check-config", str(out / "alertmanager" / "alertmanager.yml")],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=scaled(60))
     assert run.returncode == 0, run.stderr
     assert main(["generate", "--overrides", str(path), "--out", str(out), "--check"]) == 0
 

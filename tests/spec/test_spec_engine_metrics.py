@@ -14,13 +14,13 @@ import subprocess
 import sys
 import textwrap
 import zipfile
-from pathlib import Path
 
 import pytest
 from engine_metrics import PINNED, derive, extract
+from helpers import DATA, scaled
 from verl_exporter.spec import SpecError, load_spec, parse_spec
 
-EXTRACT = Path(__file__).parent / "data" / "engine_metrics.json"
+EXTRACT = DATA / "engine_metrics.json"
 # an engine series named in PromQL: vllm:... or sglang:... (colons are legal in Prometheus metric names)
 ENGINE_SERIES_RE = re.compile(r"\b((?:vllm|sglang):[a-z0-9_]+)")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -98,7 +98,7 @@ def test_extract_reads_names_types_and_counter_suffix():
 def test_the_extract_matches_the_real_wheels(tmp_path):
     for pkg, (version, *_rest) in PINNED.items():
         got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                              f"{pkg}=={version}", "-d", str(tmp_path)], capture_output=True, timeout=900)
+                              f"{pkg}=={version}", "-d", str(tmp_path)], capture_output=True, timeout=scaled(900))
         if got.returncode:
             pytest.skip(f"cannot download {pkg}=={version}: {got.stderr.decode()[-200:]}")
     wheels = {w.name.split("-")[0]: zipfile.ZipFile(w) for w in tmp_path.glob("*.whl")}

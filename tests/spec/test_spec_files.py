@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO
 from verl_exporter.spec import SpecError, area_files, load_spec, parse_spec, spec_document
 
-PACKAGED = Path(__file__).resolve().parent.parent / "exporter/verl_exporter/spec/metrics"
+PACKAGED = REPO / "exporter/verl_exporter/spec/metrics"
 SCHEMA = "docker/schemas/spec.schema.json"  # from the repository's root, which is 4 folders above an area file
 
 

@@ -31,6 +31,7 @@ from conftest import (
     wait_for,
 )
 from fabric_tree import healthy_node
+from helpers import suite_module
 from robots import FakeDingTalk
 from verl_exporter import Monitor
 from verl_exporter.checkpoint.manifest import write_manifest
@@ -54,9 +55,7 @@ def with_every_verl_key(lines: list[bytes]) -> list[bytes]:
     The demo is a plain PPO run; verl's optional families (rollout correction, fully async, distillation,
     MoE, ...) feed panels too, and every panel must show data. Keys come from the scan of the installed verl.
     """
-    from test_verl_keys import verl_keys
-
-    keys = sorted(verl_keys()[0])
+    keys = sorted(suite_module("verl/test_verl_keys.py").verl_keys()[0])
     out = list(lines)
     for i, value in ((-40, 0.25), (-10, 0.5)):  # two points, so rate()/deriv() panels have data
         doc = json.loads(out[i])
@@ -177,7 +176,7 @@ def query(api: str, expr: str) -> list:
 
 def dashboard_queries():
     """(where, expr, the dashboard's variables) of every panel query; the rollout engines' dashboard is
-    test_engines_scrape.py's (this stack runs no engine)."""
+    sidecar/test_engines_sd_scrape.py's (this stack runs no engine)."""
     for path in sorted(p for p in (REPO / "dashboards").glob("*.json") if p.name != f"verl-{ENGINES}.json"):
         doc = json.loads(path.read_text())
         for panel in doc["panels"]:
@@ -202,7 +201,7 @@ def test_every_dashboard_query_parses_and_returns_data(stack):
 
 
 def test_every_recording_rule_yields_data(stack):
-    # the engines' recordings are test_engines_scrape.py's (this stack runs no engine)
+    # the engines' recordings are sidecar/test_engines_sd_scrape.py's (this stack runs no engine)
     names = [r.record for r in all_recordings(load_spec()) if r.group != ENGINE_GROUP]
     assert any(n.startswith("job_run:") for n in names)  # adaptive baselines are step-domain gauges now
     missing = [n for n in names if not query(stack["api"], n)]

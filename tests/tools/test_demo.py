@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import scaled
 from verl_exporter.tools.demo import DEMO_FAULT, demo_lines
 
 
@@ -41,7 +42,7 @@ def test_demo_run_has_the_quirks_of_real_files():
 def test_demo_command_replays_into_a_live_sidecar():
     proc = subprocess.run(
         [sys.executable, "-m", "verl_exporter", "demo", "--sidecar-only", "--rate", "400", "--exit-after-replay",
-         "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=120)
+         "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=scaled(120))
     assert proc.returncode == 0, proc.stderr
     assert "/metrics" in proc.stdout
     assert "replay finished: 300 lines parsed, latest step 300" in proc.stdout

@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO, require_tool
+from helpers import demo_rate, run_demo, scaled, unwrap
 from verl_exporter.tools.demo_stack import compress_for, compress_grouping, find_programs
 from verl_exporter.tools.docs import excerpt, in_page, kinds_in, message_of, with_excerpt
 
 pytestmark = pytest.mark.integration  # starts servers or programs
 
 NAN_ALERT = "VerlNonFiniteGradNorm"
-
-
-def run_demo(*args: str, env: dict | None = None, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "verl_exporter", "demo", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
-    return proc, time.monotonic() - started
 
 
 def line_of(out: list[str], pattern: str) -> int:
@@ -39,7 +30,7 @@ def line_of(out: list[str], pattern: str) -> int:
 
 def refuses(url: str) -> bool:
     try:
-        urllib.request.urlopen(url, timeout=2)
+        urllib.request.urlopen(url, timeout=scaled(2))
     except urllib.error.HTTPError:
         return False
     except OSError:
@@ -52,14 +43,9 @@ def full_demo():
     require_tool("prometheus")
     require_tool("prometheus-alertmanager")
     require_tool("promtool")
-    proc, took = run_demo("--exit-after-replay")
+    proc, took = run_demo("--exit-after-replay", "--rate", f"{demo_rate():g}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, took
-
-
-def unwrap(text: str) -> str:
-    """The demo's event lines as one line each (it wraps them under the time/step/who columns)."""
-    return re.sub(r"\n {26}(?![│╭╰ ])", " ", text)
 
 
 def test_the_docs_demo_excerpt_is_what_the_demo_prints(full_demo):
@@ -108,7 +94,7 @@ def test_the_nan_travels_the_real_path_to_a_robot_message_and_a_checkpoint(full_
     assert re.search(rf"^  {NAN_ALERT} +critical +- +[\d.]+s/\d+ +1 +[\d.]+s +[\d.]+s$", text, re.M)
     assert re.search(r"^The path: NaN logged .*?→ checkpoint [\d.]+s \(step \d+\)", text, re.M | re.S)
     assert re.search(rf"^  {NAN_ALERT} +critical +\d+ +1  fired$", text, re.M)  # the backtest, same run
-    assert took < 120, f"the demo took {took:.0f} s"
+    assert took < scaled(120), f"the demo took {took:.0f} s"  # a bound on a stuck demo; its pace is not claimed here
 
 
 def test_the_demo_reports_its_links_and_cleans_up_after_itself(full_demo):

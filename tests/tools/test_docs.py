@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, require_tool
+from helpers import scaled
 from hypothesis import given
 from hypothesis import strategies as st
 from verl_exporter.spec import load_spec
@@ -98,7 +99,8 @@ def test_the_site_builds_strictly(tmp_path):
     """mkdocs build --strict, as `verl-exporter docs --build` runs it: a link to a missing page or anchor fails
     it (validation in mkdocs.yml). mkdocs-material is in the test extra: a missing one fails here."""
     proc = subprocess.run([sys.executable, "-m", "verl_exporter", "docs", "--build", str(tmp_path / "site")],
-                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+                          timeout=scaled(300))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     alerts = (tmp_path / "site/reference/alerts.html").read_text()
     assert all(f'id="{a.alert.lower()}"' in alerts for a in load_spec().alerts())
@@ -113,7 +115,7 @@ def test_a_broken_anchor_fails_the_strict_build(tmp_path):
     index.write_text(index.read_text() + "\nSee [the stall](reference/alerts.md#verltrainingstaled).\n")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--config-file", str(tmp_path / "mkdocs.yml"),
                            "--site-dir", str(tmp_path / "site")], capture_output=True, text=True,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=scaled(300))
     assert proc.returncode == 1 and "#verltrainingstaled" in proc.stdout + proc.stderr
 
 
@@ -132,7 +134,7 @@ def test_the_examples_marked_to_run_run(page, tmp_path):
             continue
         assert lang in ("bash", "python"), f"{page}: a {lang} block cannot run"
         argv = ["bash", "-euo", "pipefail", "-c", text] if lang == "bash" else [sys.executable, "-c", text]
-        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(300))
         assert proc.returncode == 0, f"{page}:\n{text}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from helpers import REPO, scaled
 from verl_exporter import cli
 from verl_exporter.spec import load_spec
 from verl_exporter.tools.schemas import SCHEMA_DIR, SCHEMAS, schema_files
 
-REPO = Path(__file__).resolve().parent.parent
 POINTER = re.compile(r"^# yaml-language-server: \$schema=(\S+)$", re.M)
 
 
@@ -36,7 +36,7 @@ def source_files(pattern: str) -> list[Path]:
     build/ copy a plain `pip install .` leaves points to schemas by paths that only hold in the source tree)."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", pattern],
-                                cwd=REPO, capture_output=True, check=True, timeout=30).stdout
+                                cwd=REPO, capture_output=True, check=True, timeout=scaled(30)).stdout
         return sorted(REPO / name for name in listed.decode().split("\0") if name and (REPO / name).is_file())
     except (OSError, subprocess.SubprocessError):  # not a git checkout (an unpacked sdist): skip what git ignores
         skip = {".venv", "node_modules", "build", "dist", ".git"}

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
+from helpers import scaled
 from verl_exporter import Monitor
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -72,7 +73,7 @@ def test_log_does_not_wait_for_a_scrape_in_progress(monitor):
     with monitor.sidecar.store._lock:
         t = threading.Thread(target=lambda: (monitor.log({"actor/lr": 1.0}, step=1), done.set()))
         t.start()
-        assert done.wait(2), "log() blocked on the scraper's lock"
+        assert done.wait(scaled(2)), "log() blocked on the scraper's lock"
     t.join()
 
 

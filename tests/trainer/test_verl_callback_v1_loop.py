@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 from conftest import sample, wait_for
+from helpers import scaled
 
 pytestmark = pytest.mark.integration  # verl's trainer
 
@@ -58,7 +59,7 @@ class Replicas:
 def post(url: str, reason: str) -> dict:
     req = urllib.request.Request(url, data=json.dumps({"reason": reason}).encode(), method="POST",
                                  headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=scaled(10)) as r:
         return json.loads(r.read())
 
 

@@ -26,6 +26,7 @@ from fake_pynvml import (
     series_of,
     value,
 )
+from helpers import scaled
 from verl_exporter.sidecar.collectors import REGISTRY, Unavailable
 from verl_exporter.sidecar.collectors.gpu import FAST_FIELDS, GpuCollector
 from verl_exporter.sidecar.collectors.gpu_processes import GpuProcessesCollector
@@ -371,5 +372,6 @@ def test_a_sidecar_serves_the_gpu_series_over_http_and_promtool_accepts_them(mon
     assert sample(m, "verl_gpu_xid_errors_total", gpu=1, xid=79) == 1
     assert fake.refcount == 0  # every collector closed its session
     promtool = require_tool("promtool")
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                            timeout=scaled(30))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeNvml, make_context, series_of, value
+from helpers import scaled
 from verl_exporter.sidecar.collectors.gpu_processes import GpuProcessesCollector, looks_like_rollout
 
 pytestmark = pytest.mark.integration  # starts servers or programs
@@ -50,7 +51,7 @@ def procs():
         for p in started:
             p.kill()
         for p in started:
-            p.wait(timeout=10)
+            p.wait(timeout=scaled(10))
             if p.stdout:
                 p.stdout.close()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import require_tool
-from helpers import configure
+from helpers import FIXTURES, configure, scaled
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import REGISTRY, Context
 from verl_exporter.sidecar.collectors.cpu import USER_HZ, CpuCollector
@@ -20,7 +20,6 @@ from verl_exporter.sidecar.collectors.sampler import Sampler
 from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
-FIXTURES = Path(__file__).parent / "fixtures"
 T0, T1 = FIXTURES / "proc_t0", FIXTURES / "proc_t1"
 KIB = 1024
 
@@ -146,7 +145,7 @@ def test_trainer_rss_sums_the_process_tree_and_goes_away_with_it(ctx):
     code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
     trainer = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while not psutil.Process(trainer.pid).children():
             assert time.monotonic() < deadline, "the trainer's child did not start"
             time.sleep(0.02)
@@ -162,7 +161,7 @@ def test_trainer_rss_sums_the_process_tree_and_goes_away_with_it(ctx):
         trainer.wait()
     try:
         child.kill()  # orphaned by its parent's death
-        child.wait(5)
+        child.wait(scaled(5))
     except psutil.NoSuchProcess:
         pass
     assert "verl_trainer_resident_memory_bytes" not in names(c.sample())

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers import configure
+from helpers import FIXTURES, configure
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context
 from verl_exporter.sidecar.collectors.network import MAX_INTERFACES, VIRTUAL_INTERFACES, NetworkCollector
 from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
-FIXTURES = Path(__file__).parent / "fixtures"
 HEADER = (FIXTURES / "proc_t0" / "net" / "dev").read_text().splitlines(keepends=True)[:2]
 
 

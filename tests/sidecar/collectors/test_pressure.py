@@ -5,17 +5,15 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from pathlib import Path
 
 import pytest
-from helpers import configure
+from helpers import FIXTURES, configure
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.collectors import Context, Unavailable
 from verl_exporter.sidecar.collectors.pressure import PressureCollector
 from verl_exporter.sidecar.config import ServeConfig
 from verl_exporter.spec import load_spec
 
-FIXTURES = Path(__file__).parent / "fixtures"
 T0, T1 = FIXTURES / "proc_t0", FIXTURES / "proc_t1"
 STALL = "verl_host_pressure_stall_seconds_total"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import http_get, parse_metrics, sample, wait_for
 from fake_pynvml import make_context
+from helpers import scaled
 from verl_exporter.sidecar import collectors
 from verl_exporter.sidecar.collectors.base import Collector
 from verl_exporter.sidecar.collectors.sampler import Sampler
@@ -29,7 +30,7 @@ class Hanging(Collector):
     def sample(self):
         self.calls += 1
         if self.calls > 1:
-            self.release.wait(60)
+            self.release.wait(scaled(60))
         return [("verl_checkpoint_latest_step", {}, 7.0)]
 
 
@@ -56,10 +57,12 @@ def test_a_hung_collector_never_holds_up_a_scrape_and_its_staleness_shows():
         wait_for(lambda: hung.calls >= 2, timeout=5)  # now stuck inside sample()
         stuck_since = ctx.self_metrics.value("verl_exporter_collector_last_success_timestamp_seconds",
                                              collector="checkpoint")
-        time.sleep(0.3)
+        wait_for(lambda: ctx.self_metrics.value("verl_exporter_collector_last_success_timestamp_seconds",
+                                                collector="host") > stuck_since, timeout=5)  # the others go on
         started = time.perf_counter()
         text = sampler.render()
-        assert time.perf_counter() - started < 0.5  # a scrape copies samples; it does not wait for them
+        # a scrape copies samples; it does not wait for them (the hung one never returns: any bound shows it)
+        assert time.perf_counter() - started < scaled(0.5)
         m = parse_metrics(text)
         assert sample(m, "verl_checkpoint_latest_step", rank="0") == 7  # the last good sample is still served
         assert sample(m, "verl_host_load_average", period="1m") == 0.5
@@ -187,7 +190,7 @@ class SlowFirst(Collector):
     def sample(self):
         time.sleep(self.delay)
         if self.hang is not None:
-            self.hang.wait(60)
+            self.hang.wait(scaled(60))
         return [("verl_host_load_average", {"period": "1m"}, 0.5)]
 
 
@@ -223,7 +226,7 @@ def test_a_collector_stuck_on_its_first_sample_delays_serving_only_a_bounded_tim
     started = time.monotonic()
     sidecar.start()
     try:
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < scaled(5)  # FIRST_SAMPLE_WAIT_S, not the hung sample's 60 s
         status, _, body = http_get(sidecar.server.url + "/metrics")
         assert status == 200 and b"verl_exporter_build_info" in body and b"verl_host_load_average" not in body
     finally:

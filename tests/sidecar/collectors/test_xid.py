@@ -7,6 +7,7 @@ import time
 import pytest
 from conftest import wait_for
 from fake_pynvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_NOT_SUPPORTED, FakeNvml, make_context, value
+from helpers import scaled
 from verl_exporter.sidecar.collectors import Unavailable
 from verl_exporter.sidecar.collectors import xid as xid_module
 from verl_exporter.sidecar.collectors.xid import XidCollector
@@ -121,7 +122,7 @@ def test_close_stops_the_thread_promptly_and_frees_the_set():
     assert thread.is_alive()
     started = time.monotonic()
     c.close()
-    assert time.monotonic() - started < 3.0  # the event wait times out every 0.5 s; a hang would not
+    assert time.monotonic() - started < scaled(3.0)  # the event wait times out every 0.5 s; a hang would not
     assert not thread.is_alive()
     assert fake.event_sets[0].freed and fake.refcount == 0
     c.close()  # twice is harmless

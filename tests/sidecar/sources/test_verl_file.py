@@ -7,6 +7,7 @@ import math
 import os
 
 import pytest
+from helpers import scaled
 from verl_exporter.exposition.selfmetrics import SelfMetrics
 from verl_exporter.sidecar.sources.verl_file import VerlFileFollower
 from verl_exporter.sidecar.store import TrainingStore
@@ -241,7 +242,7 @@ def test_the_thread_survives_unexpected_errors(make, monkeypatch):
     path.write_bytes(line(1, **{"actor/lr": 1.0}))
     f.start()
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + scaled(5)
         while store.step is None and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import scaled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -199,7 +200,8 @@ def test_promtool_accepts_what_is_served_after_every_kind_of_bad_input(tmp_path)
     path.write_bytes(b"\n".join(bad) + b"\n")
     follower.poll()
     text = served_text(store, sm)
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                            timeout=scaled(60))
     assert result.returncode == 0, result.stdout + result.stderr
 
 

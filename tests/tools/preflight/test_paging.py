@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 from conftest import REPO, require_tool
-from helpers import free_port
+from helpers import free_port, scaled
 from verl_exporter.spec import load_spec
 from verl_exporter.tools.preflight import paging
 from verl_exporter.tools.preflight.report import Options
@@ -35,12 +35,12 @@ def prometheus(tmp_path, rules: bool):
         yield f"http://127.0.0.1:{port}"
     finally:
         prom.terminate()
-        prom.wait(timeout=30)
+        prom.wait(timeout=scaled(30))
 
 
 def until_passes(o: Options, timeout: float = 60.0) -> list:
     """The check's findings once they pass (Prometheus starting, its first scrape), or the last ones."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         findings = paging.check(o)
         if all(f.ok for f in findings) or time.monotonic() > deadline:
@@ -58,7 +58,7 @@ def test_prometheus_with_the_rules_and_the_targets_up_passes(tmp_path):
 def test_prometheus_without_the_rules_or_a_silent_relay_fails(tmp_path):
     with prometheus(tmp_path, rules=False) as url:
         until_passes(Options(spec=SPEC, prometheus_url=url), timeout=0)  # started
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while True:
             lines = [f.line for f in paging.check(Options(spec=SPEC, prometheus_url=url)) if not f.ok]
             if lines and "alert rules" in lines[0] or time.monotonic() > deadline:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require_tool
-from test_demo_stack import run_demo, unwrap
+from helpers import demo_rate, run_demo, scaled, unwrap
 from verl_exporter.spec import load_spec
 from verl_exporter.tools import demo_stack
 from verl_exporter.tools.docs import excerpt, in_page, kinds_in, message_of, with_excerpt
@@ -71,7 +71,7 @@ def test_the_hang_page_carries_the_verdict_on_the_trainers_real_stacks():
     require_tool("prometheus-alertmanager")
     if demo_stack.find_py_spy() is None:
         pytest.skip("py-spy is not installed (pip install 'verl-exporter[forensics]')")
-    proc, took = run_demo("--hang", "--exit-after-replay")
+    proc, took = run_demo("--hang", "--exit-after-replay", "--rate", f"{demo_rate():g}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = unwrap(proc.stdout)
     hung = text.index(f"trainer      step {demo_stack.HANG_AT}: the reward function compute_score waits")
@@ -93,7 +93,7 @@ def test_the_hang_page_carries_the_verdict_on_the_trainers_real_stacks():
     assert "Backtest" not in text and "the hung trainer" in text
     workdir = re.search(r"removed (\S+)$", text, re.M).group(1)
     assert not Path(workdir).exists()
-    assert took < 120, f"the demo took {took:.0f} s"
+    assert took < scaled(120), f"the demo took {took:.0f} s"  # a bound on a stuck demo; its pace is not claimed here
     # docs/demo.md shows this path as a real run printed it (VERL_EXPORTER_UPDATE_DOCS=1 rewrites it from this one)
     fresh = excerpt(proc.stdout, "demo_hang")
     page = REPO / "docs/demo.md"
