@@ -82,6 +82,27 @@ def test_a_second_signal_exits_at_once():
     assert "a second signal" in proc.stderr.read()
 
 
+
+def test_a_signal_while_the_main_thread_holds_the_stop_events_lock_still_stops():
+    """The handler runs in the main thread between two of its steps, which may be inside done.wait() with the
+    event's lock held (or inside Thread.start()): a handler that set the event itself, or started its watchdog,
+    waited for that lock forever, and SIGTERM, the grace and a second signal with it, did nothing (a relay on a
+    loaded machine hung so until kill -9)."""
+    proc = start("""
+        import os, signal
+        from verl_exporter.core.shutdown import stop_event
+        done = stop_event(grace=60)
+        print("ready", flush=True)
+        with done._cond:  # what Event.wait() holds for a moment
+            os.kill(os.getpid(), signal.SIGTERM)
+            len("the handler runs here")
+        assert done.wait(30)
+        print("stopped in order", flush=True)
+    """)
+    assert ended(proc, 10) == 0, proc.stderr.read()
+    assert proc.stdout.read().strip() == "stopped in order"
+
+
 def test_an_orderly_stop_is_not_cut_short():
     proc = start("""
         import time

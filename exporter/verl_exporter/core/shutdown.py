@@ -46,15 +46,26 @@ def stop_event(event: threading.Event | None = None, grace: float | None = None)
     stopped grace seconds after it."""
     if event is None:
         event = StopEvent()
+    # The handler runs in the main thread between two of its steps, maybe with the event's lock held (inside
+    # Event.wait) or the threading module's (inside Thread.start): it takes no lock itself, and only hands the
+    # signal to a thread of its own, which sets the event and keeps the watchdog.
+    signalled: list[int] = []
+    read_end, write_end = os.pipe()
 
     def handler(signum: int, _frame: FrameType | None) -> None:
-        if grace is not None and event.is_set():
+        if grace is not None and signalled:
             _exit(signum, "a second signal")
-        event.set()
-        if grace is not None:
-            threading.Thread(target=_watchdog, args=(event, signum, grace), name="verl-exporter-stop-watchdog",
-                             daemon=True).start()
+        signalled.append(signum)
+        os.write(write_end, bytes([signum]))
 
+    def forward() -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]
+            event.set()
+            if grace is not None:
+                _watchdog(event, signum, grace)
+
+    threading.Thread(target=forward, name="verl-exporter-stop-signals", daemon=True).start()
     for sig in SIGNALS:
         signal.signal(sig, handler)
     return event
