@@ -103,6 +103,29 @@ def test_a_signal_while_the_main_thread_holds_the_stop_events_lock_still_stops()
     assert proc.stdout.read().strip() == "stopped in order"
 
 
+
+def test_a_signal_that_another_thread_took_stops_a_main_thread_that_waits_for_good():
+    """Any thread may take a signal sent to the process; Python runs the handler only in the main thread, and on
+    3.11 only once that thread runs again: one asleep in done.wait() slept on (a relay SIGTERMed as it started
+    was still there 20 s later; the signal ran only with the next one)."""
+    proc = start("""
+        import signal, threading, time
+        from verl_exporter.core.shutdown import stop_event
+        done = stop_event(grace=60)
+
+        def take_it():
+            time.sleep(0.5)  # the main thread is asleep in done.wait() by then
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+        threading.Thread(target=take_it).start()
+        print("ready", flush=True)
+        done.wait()
+        print("stopped in order", flush=True)
+    """)
+    assert ended(proc, 10) == 0, proc.stderr.read()
+    assert proc.stdout.read().strip() == "stopped in order"
+
+
 def test_an_orderly_stop_is_not_cut_short():
     proc = start("""
         import time
