@@ -214,6 +214,7 @@ INVENTORY: tuple[Boundary, ...] = (
 NOT_INPUTS: dict[str, str] = {
     "core/atomicfile.py::fsync_dir": "opens a folder only to fsync it",
     "core/atomicfile.py::remove_stale_temps": "lists its own temporary files by an exact prefix to remove them",
+    "core/shutdown.py::stop_event.forward": "reads the signal numbers its own handler wrote to its own pipe",
     "relay/senders.py::lark_signed": "parses the message body this relay has just rendered",
     "relay/senders.py::ConsoleSender.text": "parses the message body this relay has just rendered",
     "render/__init__.py::generate": "`generate --check`: compares the checkout's generated files with the spec's",
