@@ -4,7 +4,7 @@
 
 A real hang (tests/hang_gloo.py: two CPU ranks in a gloo group under a launcher, rank 1 stuck in a slow
 compute_score from step 15, step time 0.1 s) followed by a real `verl-exporter serve --forensics-dir` with an
-overrides file lowering VerlTrainingStalledRelative's floor to 3 s (as tests/test_forensics_hang.py does),
+overrides file lowering VerlTrainingStalledRelative's floor to 3 s (as tests/sidecar/test_forensics_hang.py does),
 then, on the hung ranks:
 
 1. stall to captured stacks: the seconds from the last step line to the capture file on disk, against the

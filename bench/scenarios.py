@@ -1,6 +1,6 @@
 """Every replay-engine scenario (healthy runs and injected faults) through the generated rules: alerts fired,
 first step, delay in steps after the fault's first line, minutes firing; totals of false alarms on the
-healthy runs. The same runs as tests/test_replay_scenarios.py.
+healthy runs. The same runs as tests/tools/test_replay_scenarios.py.
 
     python bench/scenarios.py
 """

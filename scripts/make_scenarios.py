@@ -87,7 +87,7 @@ SPEC = load_spec()
 
 # Alerts that fire on a realistic clean run, with the minutes (first, last) they fire at and the evidence.
 # They are left out of the committed checks at those minutes, so that CI stays green until the rule is
-# fixed; tests/test_scenarios.py checks every minute of the clean runs and fails when this list is no longer
+# fixed; tests/alerts/test_scenarios.py checks every minute of the clean runs and fails when this list is no longer
 # exact (a fixed rule: delete its entry; a new false alarm: fix the rule).
 KNOWN_CLEAN_FIRING: dict[str, dict[str, tuple[tuple[int, int], str]]] = {
     "clean PPO run": {},

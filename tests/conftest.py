@@ -8,19 +8,35 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
+import hypothesis
 import pytest
-from helpers import free_port  # noqa: F401 - tests import it from here too
+from helpers import (  # noqa: F401 - tests import them from here too
+    REPO,
+    TIMEOUT_FACTOR_ENV,
+    free_port,
+    scaled,
+    timeout_factor,
+    wait_for,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from verl_exporter.core.shutdown import stop_process
 
 pytest_plugins = ["unit_guard", "pytester"]  # unit_guard: the unit tier starts no process, opens no socket
 
-REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# Hypothesis' deadline (200 ms an example) and its too-slow check are claims about speed that a loaded machine
+# fails; the fuzz tests' own settings keep them off too.
+hypothesis.settings.register_profile("suite", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile("suite")
+
+
+def pytest_report_header(config):
+    setting = os.environ.get(TIMEOUT_FACTOR_ENV)
+    how = f"{TIMEOUT_FACTOR_ENV}={setting}" if setting else "the load per core now; set it to fix it"
+    return f"waits: deadlines x {timeout_factor():.2f} ({how})"
 
 
 def compressed_rule_files(root: Path) -> list[Path]:
@@ -51,11 +67,12 @@ def require_tool(name: str) -> str:
 
 def post_json(url: str, data: bytes | None, headers: dict | None = None, method: str = "POST",
               timeout: float = 5.0) -> tuple[int, dict]:
-    """(status, the JSON answer) of one request with a body, 4xx and 5xx included (the relay's webhook)."""
+    """(status, the JSON answer) of one request with a body, 4xx and 5xx included (the relay's webhook); the
+    timeout, like every wait of the suite, times helpers.timeout_factor()."""
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=scaled(timeout)) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
@@ -64,7 +81,7 @@ def post_json(url: str, data: bytes | None, headers: dict | None = None, method:
 def http_get(url: str, headers: dict | None = None, timeout: float = 5.0) -> tuple[int, dict, bytes]:
     req = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=scaled(timeout)) as resp:
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
@@ -85,17 +102,6 @@ def sample(samples: dict, name: str, **labels) -> float | None:
     hits = [v for (n, lab), v in samples.items() if n == name and want.items() <= dict(lab).items()]
     assert len(hits) <= 1, f"{name}{labels} is ambiguous: {hits}"
     return hits[0] if hits else None
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 class Proc:
@@ -134,7 +140,7 @@ def am_post_alerts(api: str, alerts: list[dict]) -> None:
     """Post alerts to a real Alertmanager's API v2, as Prometheus does."""
     req = urllib.request.Request(api + "/api/v2/alerts", data=json.dumps(alerts).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=scaled(10)) as resp:
         assert resp.status == 200
 
 
@@ -168,7 +174,7 @@ class ServeProcess:
     def stop(self) -> str:
         self.proc.terminate()
         try:
-            out, _ = self.proc.communicate(timeout=10)
+            out, _ = self.proc.communicate(timeout=scaled(10))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             out, _ = self.proc.communicate()
@@ -188,3 +194,22 @@ def serve():
     for p in started:
         if p.proc.poll() is None:
             p.stop()
+
+
+@pytest.fixture
+def start_relay():
+    """start(relay config doc, environ=relay_helpers.ENV, **Relay options) -> a started Relay on a free port."""
+    from relay_helpers import ENV
+    from verl_exporter.relay.app import Relay
+    from verl_exporter.relay.config import parse_config
+
+    started = []
+
+    def start(doc: dict, environ: dict | None = None, **kw) -> Relay:
+        relay = Relay(parse_config(doc, environ=environ or ENV), listen="127.0.0.1:0", **kw).start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop(drain_seconds=0)

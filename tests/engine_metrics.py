@@ -1,7 +1,7 @@
 """The rollout engines' metric definitions, read from their packages' source (vLLM, SGLang).
 
 ``extract`` finds each named metric's constructor call in a package source file and keeps its exact lines, so
-that tests/data/engine_metrics.json records what the package declares and test_engine_metrics.py checks the
+that tests/data/engine_metrics.json records what the package declares and spec/test_spec_engine_metrics.py checks the
 spec's engine alerts against it; the integration test re-derives the file from the real wheels.
 """
 

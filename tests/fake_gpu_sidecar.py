@@ -36,7 +36,9 @@ def main() -> int:
     Sidecar.context = lambda self: dataclasses.replace(original(self), nvml_loader=lambda: fake)
 
     def xid_later():
-        time.sleep(1.0)  # after the XID collector has registered its event set
+        # once the XID collector has registered GPU 0 (an event before that is lost, as on a real GPU)
+        while not any(s.types.get(0) for s in fake.event_sets):
+            time.sleep(0.05)
         fake.inject_xid(0, 79)
 
     threading.Thread(target=xid_later, daemon=True).start()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 from conftest import REPO, require_tool
+from helpers import scaled
 from verl_exporter.spec.rules import EVAL_TIME_RE, duration_seconds
 
 NONFINITE = "verl_training_nonfinite_values_total"
@@ -41,7 +42,7 @@ def firing_minutes(tmp_path: Path, series: str, values: list, expr: str, minutes
             "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": cases}]}
     path = tmp_path / "replay-test.yaml"
     path.write_text(yaml.safe_dump(test, sort_keys=False))
-    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=scaled(120))
     if result.returncode == 0:
         return []
     failing = [duration_seconds(t) // 60 for t in re.findall(r'", ' + EVAL_TIME_RE, result.stdout + result.stderr)]

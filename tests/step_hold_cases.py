@@ -1,6 +1,6 @@
 """The alerts that hold in steps, each with a fault that should raise it, replayed at 5-s, 60-s and 10-minute
 steps: the same declaration should page after the same number of steps whatever the step time (a `for:` in
-minutes was 120 steps at 5-s steps and one step at 10-minute steps). Shared by tests/test_step_holds.py and
+minutes was 120 steps at 5-s steps and one step at 10-minute steps). Shared by tests/alerts/test_step_holds.py and
 bench/step_holds.py."""
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import scaled
 from verl_exporter import cli
 from verl_exporter.sidecar.config import ConfigError, build_config, read_config_file
 
@@ -16,7 +17,7 @@ NOT_UTF8 = b"listen: \xff\xfe:9477\n"
 
 def run(*argv: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "verl_exporter", *argv], capture_output=True, text=True,
-                          timeout=60, **kwargs)
+                          timeout=scaled(60), **kwargs)
 
 
 @pytest.mark.integration
@@ -90,7 +91,7 @@ def test_a_closed_pipe_stops_quietly(tmp_path):
     os.close(read_end)  # like `| head` that has already left
     try:
         p = subprocess.run([sys.executable, "-m", "verl_exporter", "spec"], stdout=write_end,
-                           stderr=subprocess.PIPE, text=True, timeout=60)
+                           stderr=subprocess.PIPE, text=True, timeout=scaled(60))
     finally:
         os.close(write_end)
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr

@@ -29,6 +29,9 @@ GRACE_S = 20.0  # for an orderly stop, from the signal on
 BUSY_S = 2.0  # for the main thread to come to its wait, once signalled
 
 
+WAKE_S = 0.5  # how often a main thread waiting on its stop event wakes (see StopEvent.wait)
+
+
 class StopEvent(threading.Event):
     """The stop event; knows whether the main thread has come to wait on it (its start is over)."""
 
@@ -36,7 +39,15 @@ class StopEvent(threading.Event):
 
     def wait(self, timeout: float | None = None) -> bool:
         self.waited = True
-        return super().wait(timeout)
+        # In slices: any thread may take a signal sent to the process, and Python runs the handler in the main
+        # thread only once that thread runs again (3.11); one asleep here for good never would.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+            if super().wait(max(0.0, left)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
 
 def stop_event(event: threading.Event | None = None, grace: float | None = None) -> threading.Event:
@@ -46,15 +57,26 @@ def stop_event(event: threading.Event | None = None, grace: float | None = None)
     stopped grace seconds after it."""
     if event is None:
         event = StopEvent()
+    # The handler runs in the main thread between two of its steps, maybe with the event's lock held (inside
+    # Event.wait) or the threading module's (inside Thread.start): it takes no lock itself, and only hands the
+    # signal to a thread of its own, which sets the event and keeps the watchdog.
+    signalled: list[int] = []
+    read_end, write_end = os.pipe()
 
     def handler(signum: int, _frame: FrameType | None) -> None:
-        if grace is not None and event.is_set():
+        if grace is not None and signalled:
             _exit(signum, "a second signal")
-        event.set()
-        if grace is not None:
-            threading.Thread(target=_watchdog, args=(event, signum, grace), name="verl-exporter-stop-watchdog",
-                             daemon=True).start()
+        signalled.append(signum)
+        os.write(write_end, bytes([signum]))
 
+    def forward() -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]
+            event.set()
+            if grace is not None:
+                _watchdog(event, signum, grace)
+
+    threading.Thread(target=forward, name="verl-exporter-stop-signals", daemon=True).start()
     for sig in SIGNALS:
         signal.signal(sig, handler)
     return event

@@ -13,7 +13,7 @@ Placeholders in PromQL written in the spec:
 
 Every alert has knobs (``alert.knobs()``, each a ``Param`` with its unit and one line of meaning: a kind makes
 them from its keys, declared with ``kinds.base.knob_field``; an expr or condition alert writes them under
-``params:``). Every number that decides whether an alert fires is one (tests/test_knobs.py walks them). Its
+``params:``). Every number that decides whether an alert fires is one (tests/spec/test_spec_knobs.py walks them). Its
 summary, description and runbook may quote them as ``<name>`` (the number), ``<name|pct>`` (a percentage) or
 ``<name|min>`` (seconds as minutes), and an alert's own test may compute its input values from them
 (``<expression>``: numbers, knob names, + - * /, min(), max()), so that the rules, their tests and their texts

@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from ..core.shutdown import stop_process, stopping
+from ..core.shutdown import StopEvent, stop_process, stopping
 from ..relay.actions import EVIDENCE_ALERT
 from ..sidecar.forensics import find_py_spy
 from ..spec import Spec
@@ -333,7 +333,7 @@ class FullDemo:
         self.t0 = time.monotonic()
         self.events: list[Event] = []
         self.step = 0
-        self.done = threading.Event()  # Ctrl-C / SIGTERM
+        self.done = StopEvent()  # Ctrl-C / SIGTERM (its wait wakes for a signal another thread took)
         self.color = out is print and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         self.width = max(min(shutil.get_terminal_size((110, 24)).columns, 120), 80)
         self.programs: list[Program] = []

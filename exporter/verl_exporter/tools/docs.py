@@ -1,7 +1,7 @@
 """The documentation site (mkdocs.yml, docs/): `verl-exporter docs` serves it locally, no internet needed; and
 the demo's excerpts in docs/demo.md, cut from what a real `verl-exporter demo` (and `demo --hang`) run printed
-(tests/test_demo_stack.py and tests/test_demo_hang.py compare them with a fresh run, and rewrite them with
-VERL_EXPORTER_UPDATE_DOCS=1)."""
+(tests/tools/test_demo_stack.py and tests/tools/test_demo_hang.py compare them with a fresh run, and rewrite them
+with VERL_EXPORTER_UPDATE_DOCS=1)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BEGIN = "<!-- {name}-excerpt:begin (cut from a real demo run by tests/test_{name}.py) -->"
+BEGIN = "<!-- {name}-excerpt:begin (cut from a real demo run by tests/tools/test_{name}.py) -->"
 END = "<!-- {name}-excerpt:end -->"
 NAN_ALERT = "VerlNonFiniteGradNorm"  # the demo's checkpoint action
 STOP_ALERT = "VerlRewardCollapse"  # its stop action
