@@ -9,22 +9,28 @@ from collections.abc import Callable
 _MAX_DIGITS = 18  # any count a flag takes fits; int() of 4,300+ digits raises, and we never want to reach it
 
 
+def _ascii_int(text: str, signed: bool) -> int | None:
+    """The integer written in ASCII digits (with a sign where allowed), at most _MAX_DIGITS of them; else None
+    (int() alone takes '٣' for 3 and 4,000 digits)."""
+    digits = text.strip()
+    body = digits[1:] if signed and digits[:1] in "+-" else digits
+    return int(digits) if body.isascii() and body.isdigit() and len(body) <= _MAX_DIGITS else None
+
+
 def whole_number(text: str) -> int:
     """A count: 0 or more, in ASCII digits."""
-    digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > _MAX_DIGITS:
+    value = _ascii_int(text, signed=False)
+    if value is None:
         raise argparse.ArgumentTypeError(f"not a whole number of 0 or more: {text[:40]!r}")
-    return int(digits)
+    return value
 
 
 def integer(text: str) -> int:
-    """An integer in ASCII digits with an optional sign (int() alone takes '٣' for 3 and 4,000 digits);
-    its range is the setting's to check."""
-    digits = text.strip()
-    body = digits[1:] if digits[:1] in "+-" else digits
-    if not (body.isascii() and body.isdigit()) or len(body) > _MAX_DIGITS:
+    """An integer in ASCII digits with an optional sign; its range is the setting's to check."""
+    value = _ascii_int(text, signed=True)
+    if value is None:
         raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}")
-    return int(digits)
+    return value
 
 
 def bounded_float(ok: Callable[[float], bool], must: str, what: str = "a number") -> Callable[[str], float]:

@@ -52,14 +52,21 @@ def knob_field(default: Any = PydanticUndefined, *, meaning: str, unit: KnobUnit
                  json_schema_extra={"knob": {"unit": unit, "op": op, "min": min, "max": max}})
 
 
-def field_knob_of(model: type[StrictModel], name: str, value: float, **given: Any) -> Param:
-    """The Param of a knob_field of a model (given: what the field leaves to the instance, unit or op)."""
+def field_knob_of(model: type[StrictModel], name: str, value: float, *, echo: bool = False, **given: Any) -> Param:
+    """The Param of a knob_field of a model (given: what the field leaves to the instance, unit or op). echo: the
+    value is echoed unchecked (the declaration is checked at its range's bound), for a copy made off the range on
+    purpose (the demo's compressed clock: tools/demo_stack.py compress_stalls); an overrides file is still held
+    to the range."""
     f = model.model_fields[name]
     extra = f.json_schema_extra
     knob = extra.get("knob") if isinstance(extra, dict) else None
     assert isinstance(knob, dict), f"{model.__name__}.{name} is not declared with knob_field"
     decl = {k: v for k, v in knob.items() if v is not None}
-    return Param.model_validate({"value": float(value), "meaning": f.description, **decl, **given})
+    doc = {"value": float(value), "meaning": f.description, **decl, **given}
+    if not echo:
+        return Param.model_validate(doc)
+    bound = doc.get("min", doc.get("max", 0.0))
+    return Param.model_validate({**doc, "value": bound}).model_copy(update={"value": float(value)})
 
 
 class StepView(Protocol):
@@ -199,9 +206,9 @@ class AlertBase(StrictModel):
         self._unit = unit
         return self
 
-    def field_knob(self, name: str, **given: Any) -> Param:
+    def field_knob(self, name: str, *, echo: bool = False, **given: Any) -> Param:
         """The knob of one of its knob_field keys, at its value."""
-        return field_knob_of(type(self), name, getattr(self, name), **given)
+        return field_knob_of(type(self), name, getattr(self, name), echo=echo, **given)
 
     def code_sets(self) -> tuple[str, ...]:
         """The spec's code sets (codes:) its PromQL or its test quotes as <codes.NAME>."""

@@ -17,7 +17,7 @@ from pydantic import Field
 from ...core.detect import Stat
 from ..rules import Number, Param, fill_test_text
 from . import promtool
-from .base import AlertBase, StepView, WithTest, field_knob_of, knob_field, register
+from .base import AlertBase, StepView, WithTest, knob_field, register
 from .promql import JOIN, num, vector
 
 if TYPE_CHECKING:
@@ -28,15 +28,6 @@ if TYPE_CHECKING:
 MIN_FACTOR = 1.0
 MIN_SECONDS = 1.0
 KNOBS = ("factor", "at_least", "before_baseline")
-
-
-def _knob(name: str, value: float) -> Param:
-    """A limit as a knob, its unit, meaning and range from its knob_field (an overrides file is held to the
-    range). Its value is echoed unchecked: the spec's keys were checked against the same bound when it was read,
-    and a copy made off it on purpose (the demo's compressed clock, tools/demo_stack.py compress_stalls) must
-    still render."""
-    floor = MIN_FACTOR if name == "factor" else MIN_SECONDS
-    return field_knob_of(StallAlert, name, floor).model_copy(update={"value": float(value)})
 
 
 @register
@@ -54,10 +45,10 @@ class StallAlert(WithTest, AlertBase):
     explicit_test = True
 
     def knobs(self) -> dict[str, Param]:
-        out = {"factor": _knob("factor", self.factor), "at_least": _knob("at_least", self.at_least)}
-        if self.before_baseline is not None:  # none is no clause, not a number to move
-            out["before_baseline"] = _knob("before_baseline", self.before_baseline)
-        return out
+        # Each value is echoed unchecked: the spec's keys were checked against the same bounds when it was read,
+        # and the demo's compressed clock makes a copy off them on purpose (field_knob_of).
+        names = KNOBS if self.before_baseline is not None else KNOBS[:2]  # none is no clause, not a number to move
+        return {name: self.field_knob(name, echo=True) for name in names}
 
     def _knob_update(self, values: dict[str, float]) -> dict[str, Any]:
         return {k: v for k, v in values.items() if k in KNOBS}
