@@ -165,6 +165,7 @@ class Scenario:
     alerts: tuple[str, ...]  # the alerts the failure must raise
     at: int = F
     length: int = END + 1
+    ramp: int = 0  # steps the fault itself takes to cross the alert's line (a compounding KL): added to the bound
 
 
 SCENARIOS = (
@@ -179,7 +180,7 @@ SCENARIOS = (
     Scenario("ppo-clip-fraction-high", "the learning rate is raised 10x: ~40% of tokens clipped, ppo_kl x100",
              "lr_high", ("VerlPPOClipFractionHigh", "VerlPPOKLSpike")),
     Scenario("critic-overfitting", "KL compounds 2% a step while the critic's loss keeps falling and the score "
-             "stalls", "critic_overfit", ("VerlCriticOverfitting",)),
+             "stalls", "critic_overfit", ("VerlCriticOverfitting",), ramp=35),
     Scenario("data-loading-bottleneck", "data loading starves the rollout: gen x2.2, GPUs ~33% busy, "
              "update_actor unchanged", "data_starved", ("VerlDataLoadingBottleneck",)),
     Scenario("communication-slowdown", "NCCL falls back to a slow path: update_actor x2.5, GPUs stay busy",
@@ -320,7 +321,8 @@ def failure_checks(spec, sc: Scenario, run: Run) -> list[Check]:
     before the earlier first firing, and firing at the first minute from the later one on at which both agree
     on its labels and annotations (a value read at a window's edge differs between them), within its bound."""
     alerts = {a.alert: a for a in spec.alerts()}
-    bounds = {name: bound_minutes(spec, alerts[name], run.step_s) for name in sc.alerts}
+    ramp = math.ceil(sc.ramp * run.step_s / 60)
+    bounds = {name: bound_minutes(spec, alerts[name], run.step_s) + ramp for name in sc.alerts}
     end = run.onset + max(bounds.values()) + 1  # what comes later decides nothing: evaluate no further
     samples = dataclasses.replace(run.samples, series={k: v[:end] for k, v in run.series.items()})
     fired = {sem: evaluate(samples, sc.alerts, ranges) for sem, ranges in SEMANTICS.items()}

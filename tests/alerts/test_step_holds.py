@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import REPO, require_tool
-from step_hold_cases import CASES, STEP_TIMES, lines_for
+from step_hold_cases import CASES, STEP_TIMES, samples_for
 from verl_exporter.spec import load_spec
 from verl_exporter.tools import replay as rp
 
@@ -24,8 +24,7 @@ def hold_steps(alert: str) -> int:
 @pytest.mark.parametrize("step_s", STEP_TIMES, ids=lambda s: f"{s:g}s")
 @pytest.mark.parametrize("alert", sorted(CASES))
 def test_the_alert_pages_after_its_steps_whatever_the_step_time(alert, step_s):
-    lines, at = lines_for(alert, step_s)
-    samples = rp.replay(lines)
+    samples, at = samples_for(alert, step_s)
     fired = rp.evaluate(samples, REPO / "rules", promtool=require_tool("promtool"))
     mine = [f for f in fired if f.alert == alert]
     assert mine, sorted({f.alert for f in fired})

@@ -19,7 +19,9 @@ compares its value with the window of the steps before it:
   held_min / held_max  the lowest / highest of the last `hold` steps: a level held for that many steps, the
              hold of an alert on per-step values counted in steps (its `for:` in minutes would be 120 steps at
              5-s steps and 1 at 10-min steps)
+  slope_per_step     the window's slope (between the medians of its halves) per step: falling or rising in steps
   slope_per_second   the window's slope divided by the median step time (memory growth per second)
+  window_delta       the value minus the oldest of its window: what a cumulative count added over those steps
 
 Nothing is exported for a signal before its window holds `min_steps` distinct steps (at least 10). The window
 is rebuilt after a sidecar restart from the lines the follower recovers from the file's tail. A run resumed from
@@ -45,7 +47,8 @@ from .models import StrictModel
 # The gauges a signal may export (each declared in the spec as verl_detector_<stat>, label `signal`).
 Stat = Literal["steps", "zscore", "sustained_rise_zscore", "sustained_drop_zscore", "expected", "spread",
                "relative_change", "level", "peak_level", "floor_level", "trailing_peak", "trailing_floor",
-               "window_max", "spike_ratio", "held_min", "held_max", "slope_per_second"]
+               "window_max", "spike_ratio", "held_min", "held_max", "slope_per_step", "slope_per_second",
+               "window_delta"]
 STATS: tuple[Stat, ...] = get_args(Stat)
 MIN_STEPS_FLOOR = 10  # no adaptive alert may fire before this many distinct steps
 SIGNAL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -286,7 +289,8 @@ class SignalDetector:
         spread = _MAD_TO_SIGMA * median(abs(d - md) for d in diffs)
         spread = max(spread, s.rel_floor * abs(expected), s.floor, 1e-12)
         return {"zscore": (x - expected) / spread, "expected": expected, "spread": spread, "window_max": max(v),
-                "relative_change": (x - expected) / abs(expected) if expected else 0.0, "slope": slope}
+                "relative_change": (x - expected) / abs(expected) if expected else 0.0, "slope_per_step": slope,
+                "window_delta": x - v[0]}
 
     def observe(self, step: Any, x: float, step_seconds: float | None = None) -> dict[str, float]:
         """Take the value of a new step; a repeated step (a duplicate line) is ignored, a step before the last
@@ -298,7 +302,7 @@ class SignalDetector:
         self.last_step = step
         s = self.spec
         stats = self.compare(x)
-        slope = stats.pop("slope", 0.0)  # there is one whenever there are stats
+        slope = stats.get("slope_per_step", 0.0)  # there is one whenever there are stats
         z = spike = None
         if stats:
             z = stats["zscore"]
