@@ -122,6 +122,27 @@ def test_slope_per_second_uses_the_runs_step_time():
     assert slope * 3600 == pytest.approx(9 * gib, rel=0.01)  # 0.15 GiB a 1-minute step = 9 GiB/h
 
 
+def test_slope_per_step_is_the_same_whatever_the_step_time():
+    """Issue 37: a trend judged in steps (the critic's loss falling) reads the same at 5-s and 10-minute steps,
+    where slope_per_second differs 120-fold."""
+    slopes = {}
+    for step_s in (5.0, 600.0):
+        det = Detectors(SPEC.signals(), SPEC)
+        for step in range(1, 40):
+            det.observe(step, {"critic/vf_loss": 1.0 - 0.01 * step, "timing_s/step": step_s})
+        slopes[step_s] = det.by_name["vf_loss"].stats["slope_per_step"]
+    assert slopes[5.0] == slopes[600.0] == pytest.approx(-0.01)
+
+
+def test_window_delta_is_what_a_cumulative_count_added_over_the_window():
+    det = SignalDetector(SignalSpec(signal="dropped", window=10, trend=False))
+    stats = feed(det, [100.0 * i for i in range(1, 31)])
+    assert "window_delta" not in stats[9]  # nine steps before it: nothing judged yet
+    assert {s["window_delta"] for s in stats[10:]} == {1000.0}  # 10 steps of 100 each
+    # a count that stops growing adds nothing over the next window
+    assert feed(det, [3000.0] * 10, start=31)[-1]["window_delta"] == 0.0
+
+
 def test_store_exports_detector_gauges_and_recovers_them_from_the_tail():
     lines = [(step, {"critic/score/mean": v, "timing_s/step": 30.0}) for step, v in enumerate(rising(60), 1)]
 

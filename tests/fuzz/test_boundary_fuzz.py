@@ -63,7 +63,9 @@ str_keys = st.one_of(
     st.text(max_size=300),
     # keys the detectors, the breaker and the conditional sources read
     st.sampled_from(["actor/grad_norm", "actor/pg_loss", "actor/entropy", "timing_s/step", "critic/score/mean",
-                     "response_length/mean", "actor/lr", "perf/throughput"]),
+                     "response_length/mean", "actor/lr", "perf/throughput", "critic/vf_loss", "actor/kl_loss",
+                     "timing_s/gen", "timing_s/update_actor", "fully_async/count/dropped_stale_samples",
+                     "rollout_corr/k3_kl", "training/rollout_actor_probs_pearson_corr"]),
 )
 keys = st.one_of(str_keys, st.integers(), st.tuples(st.integers(), st.text(max_size=3)), st.none(),
                  st.binary(max_size=4), st.builds(BadKey))
