@@ -47,10 +47,6 @@ INJECTED = {
     "stale_dropped": [("verl_fully_async_samples", {"kind": "generated"}, 100, 100, 5, True),
                       ("verl_fully_async_samples", {"kind": "dropped_stale"}, 0.5, 25, 0.5, True)],
 }
-# faults that the other sidecars' series carry too (the GPUs' utilisation): tools.nodes adds them
-NODE_FAULTS = ("data_starved", "comm_slowdown")
-
-
 def fault_step(step_s: float) -> int:
     """Late enough for the windows of the rules (30 minutes of run) and for the simulated critic to have
     learnt (its explained variance is over 0.3 from about step 60)."""
@@ -81,15 +77,13 @@ def lines_for(alert: str, step_s: float) -> tuple[list[dict], int]:
 
 
 def samples_for(alert: str, step_s: float) -> tuple[rp.Samples, int]:
-    """(the run replayed through the sidecar path, with the other sidecars' series where the fault is theirs
-    too; the fault's first step)."""
+    """(the run replayed through the sidecar path with the other sidecars' series beside it, the fault's side of
+    them included (the GPUs a data-starved run leaves idle); the fault's first step)."""
     lines, at = lines_for(alert, step_s)
     fault = CASES[alert][1]
-    if fault not in NODE_FAULTS:
-        return rp.replay(lines), at
     samples = rp.replay(lines, run="r1", instance=nodes.RANKS[0][0])
     onset = math.ceil(next(end for step, end in samples.step_end_s if step == at - 1) / 60)
-    nodes.add_node_series(samples, lines, "r1", rp.Fault(fault, at), onset)
+    nodes.add_node_series(samples, lines, "r1", None if fault in INJECTED else rp.Fault(fault, at), onset)
     return samples, at
 
 
